@@ -1,0 +1,164 @@
+"""The ``heddle`` command line.
+
+Subcommands import what they need when they run, so ``heddle version`` and
+``heddle bench`` work on the light install (numpy + PyYAML).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from heddle import __version__
+from heddle.exceptions import HeddleError
+
+__all__ = ["main"]
+
+BENCH_TARGETS = ("placement", "shape", "predictor")
+
+
+def _write_json(out: Path, name: str, payload: dict[str, Any]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    print(f"heddle {__version__}")
+    return 0
+
+
+def _print_placement(r: dict[str, Any]) -> None:
+    print(
+        f"presorted-DP placement: {r['trajectories']} trajectories on {r['instances']} "
+        f"TP{r['tp']} instances ({r['workload']} lengths), {r['repeats']} repeats"
+    )
+    for label in ("aggregated_1024", "exact"):
+        x = r[label]
+        print(
+            f"  {label:16s} median {x['median_ms']:8.2f} ms   min {x['min_ms']:8.2f} ms   "
+            f"predicted makespan {x['predicted_makespan_s']:9.1f} s"
+        )
+
+
+def _print_shape(r: dict[str, Any]) -> None:
+    print(f"shape search: {r['gpus']} GPUs, {r['trajectories']} trajectories ({r['workload']})")
+    print(
+        f"  median {r['median_s']:.3f} s over {r['repeats']} runs, {r['evaluations']} shapes scored"
+    )
+    print(f"  {r['baseline_shape']:>24s}: predicted makespan {r['baseline_makespan_s']:9.1f} s")
+    print(
+        f"  {r['shape']:>24s}: predicted makespan {r['predicted_makespan_s']:9.1f} s"
+        f"{'  (reshape)' if r['reshape'] else ''}"
+    )
+
+
+def _print_predictor(r: dict[str, Any]) -> None:
+    print("predictor quality: Pearson / tail-20% recall of predicted total length after step k")
+    print("  (all trajectories; finished ones are known exactly. 'alive' in the JSON)")
+    for workload, entry in r["workloads"].items():
+        ceiling = entry["ceiling_group_mean"]
+        print(
+            f"{workload}: ceiling of an exact per-prompt mean: "
+            f"{ceiling['pearson']:.3f} / {ceiling['tail_recall']:.3f}"
+        )
+        for label, rows in entry.items():
+            if label == "ceiling_group_mean":
+                continue
+            cells = "  ".join(
+                f"step {q['step']}: {q['pearson_all']:.3f} / {q['tail_recall_all']:.3f}"
+                for q in rows
+            )
+            print(f"  {label:18s} {cells}")
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from . import _microbench as mb
+
+    out = Path(args.out)
+    if args.target == "placement":
+        result = mb.bench_placement(
+            trajectories=args.trajectories,
+            instances=args.instances,
+            tp=args.tp,
+            workload=args.workload,
+            cluster=args.cluster,
+            repeats=args.repeats,
+            seed=args.seed,
+        )
+        _print_placement(result)
+    elif args.target == "shape":
+        result = mb.bench_shape(
+            gpus=args.gpus,
+            workload=args.workload,
+            cluster=args.cluster,
+            repeats=max(1, args.repeats // 4),
+            trajectories=args.trajectories,
+            seed=args.seed,
+        )
+        _print_shape(result)
+    elif args.target == "predictor":
+        workloads = tuple(args.workloads.split(","))
+        result = mb.bench_predictor(workloads=workloads, seed=args.seed)
+        _print_predictor(result)
+    else:  # pragma: no cover - argparse restricts the choices
+        raise AssertionError(args.target)
+    path = _write_json(out, f"{args.target}.json", result)
+    print(f"wrote {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="heddle",
+        description="Heddle: trajectory-level scheduling of agentic-RL rollouts.",
+    )
+    parser.add_argument("--version", action="version", version=f"heddle {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p_version = sub.add_parser("version", help="print the version")
+    p_version.set_defaults(func=_cmd_version)
+
+    p_bench = sub.add_parser(
+        "bench",
+        help="benchmark scheduler components",
+        description="placement: DP timing; shape: TP-mix search timing; "
+        "predictor: Pearson and tail recall after step 1, 2, 4.",
+    )
+    p_bench.add_argument("target", choices=BENCH_TARGETS, help="what to benchmark")
+    p_bench.add_argument("--workload", default="coding", help="preset name or YAML file")
+    p_bench.add_argument(
+        "--workloads", default="coding,search,math", help="comma-separated, for 'predictor'"
+    )
+    p_bench.add_argument("--cluster", default="64xh100", help="preset name or YAML file")
+    p_bench.add_argument("--trajectories", type=int, default=4096)
+    p_bench.add_argument("--instances", type=int, default=64, help="for 'placement'")
+    p_bench.add_argument("--tp", type=int, default=1, help="instance TP, for 'placement'")
+    p_bench.add_argument("--gpus", type=int, default=64, help="GPU budget, for 'shape'")
+    p_bench.add_argument("--repeats", type=int, default=21)
+    p_bench.add_argument("--seed", type=int, default=1)
+    p_bench.add_argument("--out", default="bench-out", help="directory for the JSON result")
+    p_bench.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except HeddleError as exc:
+        print(f"heddle: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("heddle: interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Cluster descriptions: GPUs, nodes, model and hardware, for planners and the simulator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from heddle.exceptions import WorkloadError
+
+from ._perf import HARDWARE_PRESETS, MODEL_PRESETS, PerfModel
+from ._types import PoolShape, check_tp_sizes
+from ._workload import _number, _take
+
+__all__ = ["ClusterSpec"]
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A GPU pool as a benchmark sees it (the YAML format is in docs/workloads.md)."""
+
+    name: str
+    gpus: int
+    gpus_per_node: int
+    model: str
+    hardware: str
+    tensor_parallel_sizes: tuple[int, ...]
+    baseline_tp: int
+    batch_cap: int = 100
+
+    def __post_init__(self) -> None:
+        if self.model not in MODEL_PRESETS:
+            raise WorkloadError(
+                f"cluster {self.name!r}: unknown model {self.model!r}; "
+                f"choose one of {sorted(MODEL_PRESETS)}"
+            )
+        if self.hardware not in HARDWARE_PRESETS:
+            raise WorkloadError(
+                f"cluster {self.name!r}: unknown hardware {self.hardware!r}; "
+                f"choose one of {sorted(HARDWARE_PRESETS)}"
+            )
+        check_tp_sizes(self.tensor_parallel_sizes, self.gpus_per_node)
+        if self.baseline_tp not in self.tensor_parallel_sizes:
+            raise WorkloadError(
+                f"cluster {self.name!r}: baseline_tp={self.baseline_tp} is not among "
+                f"tensor_parallel_sizes={list(self.tensor_parallel_sizes)}"
+            )
+        if self.gpus % self.baseline_tp:
+            raise WorkloadError(
+                f"cluster {self.name!r}: gpus={self.gpus} is not a multiple of "
+                f"baseline_tp={self.baseline_tp}"
+            )
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "cluster") -> ClusterSpec:
+        d = _take(
+            data,
+            source,
+            {"name", "gpus", "model"},
+            {"gpus_per_node", "hardware", "tensor_parallel_sizes", "baseline_tp", "batch_cap"},
+        )
+        sizes = d.get("tensor_parallel_sizes", [1, 2, 4, 8])
+        if not isinstance(sizes, list) or not sizes:
+            raise WorkloadError(f"{source}.tensor_parallel_sizes: expected a list, got {sizes!r}")
+        return cls(
+            name=str(d["name"]),
+            gpus=int(_number(d["gpus"], f"{source}.gpus", minimum=1, integer=True)),
+            gpus_per_node=int(
+                _number(
+                    d.get("gpus_per_node", 8), f"{source}.gpus_per_node", minimum=1, integer=True
+                )
+            ),
+            model=str(d["model"]).lower(),
+            hardware=str(d.get("hardware", "h100-sxm")).lower(),
+            tensor_parallel_sizes=tuple(
+                int(_number(x, f"{source}.tensor_parallel_sizes[{i}]", minimum=1, integer=True))
+                for i, x in enumerate(sizes)
+            ),
+            baseline_tp=int(
+                _number(d.get("baseline_tp", 1), f"{source}.baseline_tp", minimum=1, integer=True)
+            ),
+            batch_cap=int(
+                _number(d.get("batch_cap", 100), f"{source}.batch_cap", minimum=1, integer=True)
+            ),
+        )
+
+    def perf_model(self) -> PerfModel:
+        return PerfModel(MODEL_PRESETS[self.model], HARDWARE_PRESETS[self.hardware], self.batch_cap)
+
+    def baseline_shape(self) -> PoolShape:
+        """The homogeneous shape every baseline runs on."""
+        return PoolShape.of({self.baseline_tp: self.gpus // self.baseline_tp})

@@ -1,0 +1,3 @@
+"""heddle.scheduler.sim: the discrete-event rollout simulator (see docs/simulator.md)."""
+
+__all__: list[str] = []

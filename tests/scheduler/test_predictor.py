@@ -1,0 +1,146 @@
+"""The predictor's update rules, its learning, and its quality on a real workload."""
+
+from __future__ import annotations
+
+import pytest
+
+from heddle.exceptions import ConfigError
+from heddle.operator._presets import load_workload
+from heddle.scheduler import (
+    FinishedTrajectory,
+    OraclePredictor,
+    PredictorConfig,
+    ProgressPredictor,
+    SiblingPredictor,
+    Trajectory,
+    evaluate_predictor,
+    generate,
+    history_of,
+)
+
+
+def step(p: SiblingPredictor, t: Trajectory, tokens: int) -> float:
+    t.generated_tokens += tokens
+    t.turns += 1
+    t.turn_tokens.append(tokens)
+    return p.update(t).total_tokens
+
+
+def test_outliving_expectations_raises_the_prediction() -> None:
+    p = SiblingPredictor()
+    t = Trajectory("t", "g", 500)
+    totals = [step(p, t, 2000) for _ in range(8)]
+    assert totals == sorted(totals) and totals[-1] > totals[0]
+    assert all(
+        total >= t_tokens for total, t_tokens in zip(totals, range(2000, 16001, 2000), strict=True)
+    )
+
+
+def test_remaining_is_never_negative_and_capped_by_max_tokens() -> None:
+    p = SiblingPredictor(PredictorConfig(max_tokens=10_000))
+    t = Trajectory("t", "g", 500)
+    step(p, t, 9_999)
+    prediction = p.predict(t)
+    assert 0.0 <= prediction.remaining_tokens <= 1.0
+    assert prediction.total_tokens <= 10_000
+
+
+def test_long_finished_siblings_raise_a_trajectorys_prediction() -> None:
+    def with_siblings(sibling_tokens: int) -> float:
+        p = SiblingPredictor()
+        for i in range(6):
+            s = Trajectory(f"s{i}", "g", 500)
+            s.generated_tokens, s.turns, s.turn_tokens = (
+                sibling_tokens,
+                3,
+                [sibling_tokens // 3] * 3,
+            )
+            p.observe(s)
+            p.finish(s)
+        t = Trajectory("t", "g", 500)
+        return step(p, t, 300)
+
+    assert with_siblings(20_000) > 2 * with_siblings(1_000)
+
+
+def test_running_siblings_bound_the_group_from_below() -> None:
+    p = SiblingPredictor()
+    t = Trajectory("t", "g", 500)
+    alone = step(p, t, 300)
+    for i in range(8):
+        s = Trajectory(f"s{i}", "g", 500)
+        s.generated_tokens, s.turns = 15_000, 1
+        p.observe(s)
+    assert p.predict(t).total_tokens > alone
+
+
+def test_progress_predictor_ignores_siblings() -> None:
+    p = ProgressPredictor()
+    t = Trajectory("t", "g", 500)
+    alone = step(p, t, 300)
+    for i in range(6):
+        s = Trajectory(f"s{i}", "g", 500)
+        s.generated_tokens, s.turns = 20_000, 2
+        p.observe(s)
+        p.finish(s)
+    assert p.predict(t).total_tokens == pytest.approx(alone)
+
+
+def test_seeding_learns_the_hyperparameters() -> None:
+    history = [
+        FinishedTrajectory(f"g{g}", 400, 1000 * (g % 4 + 1) + 10 * s, 3, (300, 300, 400))
+        for g in range(40)
+        for s in range(8)
+    ]
+    p = SiblingPredictor()
+    before = p.hyperparameters
+    p.seed(history)
+    after = p.hyperparameters
+    assert after["intercept"] != before["intercept"]
+    assert after["sigma"] < 0.1  # siblings here differ by a few tokens only
+    with pytest.raises(ConfigError, match="total_tokens=0"):
+        p.seed([FinishedTrajectory("g", 1, 0, 1)])
+
+
+def test_online_learning_refits_from_complete_groups() -> None:
+    p = SiblingPredictor(PredictorConfig(min_complete_groups=3))
+    before = p.hyperparameters["intercept"]
+    for g in range(4):
+        members = [Trajectory(f"g{g}s{i}", f"g{g}", 100) for i in range(4)]
+        for m in members:
+            p.observe(m)
+        for m in members:
+            m.generated_tokens, m.turns, m.turn_tokens = 200, 1, [200]
+            p.finish(m)
+    assert p.hyperparameters["intercept"] < before  # learnt that these run short
+
+
+def test_invalid_config_is_refused() -> None:
+    with pytest.raises(ConfigError, match="prior_median_tokens=0"):
+        PredictorConfig(prior_median_tokens=0)
+    with pytest.raises(ConfigError, match="grid_points=2"):
+        PredictorConfig(grid_points=2)
+
+
+def test_oracle_knows_the_truth() -> None:
+    p = OraclePredictor(lambda t: (1000, 4))
+    t = Trajectory("t", "g", 10, generated_tokens=400, turns=1)
+    assert p.update(t).remaining_tokens == 600 and t.predicted_remaining_turns == 3
+
+
+def test_siblings_beat_progress_alone_on_the_coding_workload() -> None:
+    """A scaled-down coding workload; both predictors seeded from an earlier rollout."""
+    spec = load_workload("coding")
+    from dataclasses import replace
+
+    small = replace(spec, prompts=96)
+    scripts, previous = generate(small, 1), history_of(generate(small, 2))
+    scores = {}
+    for cls in (SiblingPredictor, ProgressPredictor):
+        predictor = cls()
+        predictor.seed(previous)
+        scores[cls.name] = {q.step: q for q in evaluate_predictor(scripts, predictor, (1, 2, 4))}
+    for k in (1, 2):
+        assert scores["sibling"][k].pearson_all > scores["progress"][k].pearson_all
+    assert scores["sibling"][2].pearson_all > 0.6
+    assert scores["sibling"][4].tail_recall_all > scores["sibling"][1].tail_recall_all
