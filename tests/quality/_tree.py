@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SUBPACKAGES = {"scheduler": "scheduler", "worker": "worker", "operator": "operator"}
+SUBPACKAGES = {"scheduler": "scheduler", "worker": "worker", "operator": "operator_"}
 
 
 def link_farm(base: Path) -> Path:
