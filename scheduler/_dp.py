@@ -14,8 +14,8 @@ partitions. Some instance order's contiguous optimum is optimal over *all*
 assignments (exchange argument: order any solution's groups by their longest
 member and repack them contiguously with the same sizes and instances; no
 group's longest member grows). :func:`heddle.scheduler.solve_lengths` tries
-the orders that matter; tests/scheduler/test_dp.py checks both claims by
-brute force.
+every order for up to five instances and class orders beyond;
+tests/scheduler/test_dp.py checks both claims by brute force.
 
 ``D(k, j-1)`` is nondecreasing in ``k`` and ``cost_j(k..i-1)`` nonincreasing,
 so the inner minimum sits where the two cross: a binary search, vectorised

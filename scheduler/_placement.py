@@ -9,6 +9,7 @@ DESIGN.md describes slime, verl and verl*.
 from __future__ import annotations
 
 import itertools
+import zlib
 from abc import ABC
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,6 +22,9 @@ from heddle.exceptions import ConfigError
 from ._dp import aggregate, solve_contiguous
 from ._perf import EngineInstance
 from ._types import Trajectory
+
+_EXACT_ORDERS_UP_TO = 5  # instances; more would mean too many DPs
+_TIE_RATIO = 1.25  # predictions closer than 25% count as equal (the predictor errs more)
 
 __all__ = [
     "ClusterView",
@@ -70,19 +74,29 @@ class PlacementPlan:
 
 
 def _candidate_orders(instances: Sequence[EngineInstance]) -> list[list[EngineInstance]]:
-    """Instance orders the DP tries: classes (same T, F, cap) kept together.
+    """Instance orders the DP tries.
 
-    The order of identical instances does not matter, so a homogeneous pool
-    needs one DP, and with every class order tried the result is optimal over
-    all assignments whenever no optimum interleaves classes (always, for up
-    to three instances). Up to three classes are permuted (at most six DPs);
-    beyond that, fastest first only: the longest trajectories get the
+    Some order's contiguous optimum is optimal over all assignments, and the
+    order of identical instances does not matter. Up to five instances every
+    distinct order is tried (exact). Beyond that, classes (same T, F, cap)
+    stay together and up to three classes are permuted (at most six DPs);
+    with more classes, fastest first only: the longest trajectories get the
     highest-TP engines, as in the paper.
     """
     classes: dict[tuple[float, int, tuple[float, ...]], list[EngineInstance]] = {}
     for inst in sorted(instances, key=lambda i: (i.per_token_s, i.name)):
         classes.setdefault((inst.per_token_s, inst.batch_cap, inst.slowdown), []).append(inst)
     groups = list(classes.values())
+    if len(instances) <= _EXACT_ORDERS_UP_TO and len(groups) > 1:
+        label = {id(inst): k for k, group in enumerate(groups) for inst in group}
+        seen: set[tuple[int, ...]] = set()
+        orders = []
+        for perm in itertools.permutations(instances):
+            key = tuple(label[id(i)] for i in perm)
+            if key not in seen:
+                seen.add(key)
+                orders.append(list(perm))
+        return orders
     if len(groups) > 3:
         return [[inst for group in groups for inst in group]]
     return [[inst for group in perm for inst in group] for perm in itertools.permutations(groups)]
@@ -94,9 +108,9 @@ def solve_lengths(
     *,
     max_items: int = 1024,
 ) -> tuple[float, list[tuple[EngineInstance, np.ndarray]]]:
-    """Best DP placement of bare lengths; returns makespan and (instance, sorted positions).
+    """Best DP placement of bare lengths; returns makespan and (instance, positions in ``lengths``).
 
-    Positions index ``lengths`` sorted in descending order (stable).
+    Positions of each instance's group are listed longest first.
     """
     arr = np.asarray(lengths, dtype=np.float64)
     if np.any(arr < 0) or not np.all(np.isfinite(arr)):
@@ -118,21 +132,68 @@ def solve_lengths(
     return makespan, groups
 
 
+def _stratify(
+    trajectories: Sequence[Trajectory], groups: list[tuple[EngineInstance, np.ndarray]]
+) -> dict[str, str]:
+    """Deal near-ties across the DP's groups sibling by sibling (see plan_placement)."""
+    lengths = np.array([t.predicted_remaining_tokens for t in trajectories])
+    slot_owner = np.empty(len(trajectories), dtype=np.int64)  # rank -> group index
+    ranked = np.argsort(-lengths, kind="stable")
+    rank_of = np.empty_like(ranked)
+    rank_of[ranked] = np.arange(ranked.size)
+    for g, (_, positions) in enumerate(groups):
+        slot_owner[rank_of[positions]] = g
+    # Siblings consecutively, so the round-robin slots below spread each group.
+    key = [(zlib.crc32(t.group_id.encode()), t.group_id, t.id) for t in trajectories]
+    assignment: dict[str, str] = {}
+    start = 0
+    while start < ranked.size:
+        floor = lengths[ranked[start]] / _TIE_RATIO
+        end = start + 1
+        while end < ranked.size and lengths[ranked[end]] >= floor:
+            end += 1
+        window = ranked[start:end]
+        # Slots of this window, interleaved round-robin over the groups that own them.
+        by_group: dict[int, int] = {}
+        for g in slot_owner[start:end].tolist():
+            by_group[g] = by_group.get(g, 0) + 1
+        slots: list[int] = []
+        while by_group:
+            for g in list(by_group):
+                slots.append(g)
+                by_group[g] -= 1
+                if by_group[g] == 0:
+                    del by_group[g]
+        dealt = sorted(window.tolist(), key=lambda i: key[i])
+        for i, g in zip(dealt, slots, strict=True):
+            assignment[trajectories[i].id] = groups[g][0].name
+        start = end
+    return assignment
+
+
 def plan_placement(
     trajectories: Sequence[Trajectory],
     instances: Sequence[EngineInstance],
     *,
     max_items: int = 1024,
 ) -> PlacementPlan:
-    """Presorted-DP placement of live trajectories by predicted remaining length."""
+    """Presorted-DP placement of live trajectories by predicted remaining length.
+
+    The DP fixes how many trajectories each instance takes from each stretch
+    of the sorted order; which of them goes where is then dealt among
+    near-ties (predictions within 25% of the stretch's longest, well inside
+    the predictor's error) round-robin over the instances, one group's
+    samples after another, so each group is spread evenly. Without that,
+    GRPO siblings, which share one prediction before they have run, sit side
+    by side in the sort and land on one engine together; their true lengths
+    are correlated, so the hedge against the prediction's error is to
+    stratify them. Each group's longest member moves by at most 25%.
+    """
     if not trajectories:
         return PlacementPlan(0.0, {})
     lengths = [t.predicted_remaining_tokens for t in trajectories]
     makespan, groups = solve_lengths(lengths, instances, max_items=max_items)
-    assignment = {
-        trajectories[int(pos)].id: inst.name for inst, positions in groups for pos in positions
-    }
-    return PlacementPlan(makespan, assignment)
+    return PlacementPlan(makespan, _stratify(trajectories, groups))
 
 
 class PlacementPolicy(ABC):

@@ -71,6 +71,7 @@ class SchedulingPolicy:
     adaptive_shape: bool
     predictor: str | None
     description: str
+    resident_contexts: bool = False  # workers pin the KV of trajectories in tool calls
 
 
 POLICIES: dict[str, SchedulingPolicy] = {
@@ -84,6 +85,7 @@ POLICIES: dict[str, SchedulingPolicy] = {
             True,
             "sibling",
             "progressive priority + presorted-DP placement + migration + adaptive TP shape",
+            resident_contexts=True,
         ),
         SchedulingPolicy(
             "heddle-order",
@@ -93,6 +95,7 @@ POLICIES: dict[str, SchedulingPolicy] = {
             False,
             "sibling",
             "ablation: progressive priority only (verl placement, fixed shape)",
+            resident_contexts=True,
         ),
         SchedulingPolicy(
             "heddle-place",
@@ -102,6 +105,7 @@ POLICIES: dict[str, SchedulingPolicy] = {
             False,
             "sibling",
             "ablation: + presorted-DP placement of new trajectories",
+            resident_contexts=True,
         ),
         SchedulingPolicy(
             "heddle-migrate",
@@ -111,6 +115,7 @@ POLICIES: dict[str, SchedulingPolicy] = {
             False,
             "sibling",
             "ablation: + opportunistic migration during tool calls (fixed shape)",
+            resident_contexts=True,
         ),
         SchedulingPolicy(
             "verl",

@@ -30,7 +30,8 @@ def _log_erfc(x: NDArray[np.float64]) -> NDArray[np.float64]:
     poly = np.zeros_like(z)
     for c in reversed(_ERFC_COEFFS[1:]):
         poly = t * (c + poly)
-    log_tail = np.log(t) - z * z + _ERFC_COEFFS[0] + poly
+    with np.errstate(divide="ignore"):  # x = +-inf gives t = 0: log_tail = -inf, as it should
+        log_tail = np.log(t) - z * z + _ERFC_COEFFS[0] + poly
     # For x < 0, erfc(x) = 2 - erfc(|x|) lies in [1, 2]: no underflow to guard.
     return np.asarray(np.where(x >= 0, log_tail, np.log(2.0 - np.exp(log_tail))), dtype=np.float64)
 

@@ -1,3 +1,22 @@
-"""heddle.scheduler.sim: the discrete-event rollout simulator (see docs/simulator.md)."""
+"""heddle.scheduler.sim: a discrete-event simulator of a GPU rollout cluster.
 
-__all__: list[str] = []
+Entities (:class:`SimTrajectory`, :class:`SimEngine`), events (engine
+wake-ups, tool replies, migrations, re-plans) and the explicit performance
+model (:class:`heddle.scheduler.PerfModel`) as the execution-time predictor.
+Engines jump from batch change to batch change, so a 64-GPU rollout of
+thousands of trajectories simulates in seconds. See docs/simulator.md.
+"""
+
+from ._entities import SimEngine, SimTrajectory
+from ._results import LowerBound, SimResult, lower_bound
+from ._simulator import SimConfig, Simulator
+
+__all__ = [
+    "LowerBound",
+    "SimConfig",
+    "SimEngine",
+    "SimResult",
+    "SimTrajectory",
+    "Simulator",
+    "lower_bound",
+]

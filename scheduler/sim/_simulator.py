@@ -1,0 +1,291 @@
+"""The discrete-event rollout simulator: one policy, one workload, one cluster."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from heddle.exceptions import ConfigError, HeddleError
+
+from .._cluster import ClusterSpec
+from .._migration import Move
+from .._perf import EngineInstance
+from .._placement import ClusterView
+from .._policies import (
+    SchedulingPolicy,
+    make_migration,
+    make_ordering,
+    make_placement,
+    make_predictor,
+)
+from .._predictor import LengthPredictor
+from .._shape import AnnealingShapePlanner, ShapeConfig
+from .._types import FinishedTrajectory, PoolShape, Trajectory, TrajectoryState
+from .._workload import TrajectoryScript
+from ._entities import SimEngine, SimTrajectory
+from ._results import SimResult, summarise
+
+__all__ = ["SimConfig", "Simulator"]
+
+_WAKE, _TOOL, _MIGRATED, _REPLAN = range(4)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Knobs of a simulation run; times in seconds."""
+
+    replan_interval_s: float = 5.0  # how often Heddle re-plans placement and migrations
+    initial_reshape_s: float = 0.0  # extra start-up cost of a non-baseline shape (see docs)
+    quality_steps: tuple[int, ...] = (1, 2, 4)  # steps at which predictor quality is scored
+    max_events: int = 50_000_000  # a guard against a scheduling bug looping forever
+
+    def __post_init__(self) -> None:
+        if self.replan_interval_s <= 0:
+            raise ConfigError(f"replan_interval_s={self.replan_interval_s} must be > 0")
+        if self.initial_reshape_s < 0:
+            raise ConfigError(f"initial_reshape_s={self.initial_reshape_s} must be >= 0")
+
+
+class Simulator:
+    """Runs a workload's trajectory scripts on a simulated cluster under one policy.
+
+    ``history`` (an earlier rollout's finished trajectories) seeds the
+    predictor and, for adaptive policies, the initial TP shape.
+    ``tool_means_s`` gives the expected latency of each tool, which is what the
+    scheduler knows about a running tool call (the script holds the truth).
+    """
+
+    def __init__(
+        self,
+        scripts: Sequence[TrajectoryScript],
+        cluster: ClusterSpec,
+        policy: SchedulingPolicy,
+        *,
+        tool_means_s: Mapping[str, float],
+        history: Sequence[FinishedTrajectory] = (),
+        config: SimConfig | None = None,
+        predictor: LengthPredictor | None = None,
+    ) -> None:
+        if not scripts:
+            raise ConfigError("the workload has no trajectories to simulate")
+        self.config = config or SimConfig()
+        self.cluster = cluster
+        self.policy = policy
+        self.perf = cluster.perf_model()
+        self.ordering = make_ordering(policy.ordering)
+        self.placement = make_placement(policy.placement)
+        self.migration = make_migration(policy.migration, self.perf)
+        self.predictor = predictor
+        if self.predictor is None and policy.predictor:
+            self.predictor = make_predictor(policy.predictor)
+        if self.predictor is not None and history:
+            self.predictor.seed(history)
+        self.tool_means_s = dict(tool_means_s)
+        self.sims = {
+            s.id: SimTrajectory(s, Trajectory(s.id, s.group_id, s.prompt_tokens)) for s in scripts
+        }
+        self.shape = self._initial_shape(history)
+        self.engines: dict[str, SimEngine] = {}
+        counter = itertools.count()
+        for tp in self.shape.tps():
+            inst = self.perf.instance(f"tp{tp}-{next(counter)}", tp)
+            self._check_fits(inst)
+            self.engines[inst.name] = SimEngine(
+                inst,
+                self.perf,
+                self.ordering.priority,
+                self.ordering.preemptive,
+                pin_resident=policy.resident_contexts,
+            )
+        self._events: list[tuple[float, int, int, str, int]] = []
+        self._seq = itertools.count()
+        self._moving: set[str] = set()  # engines sending or receiving a move
+        self._move_of: dict[str, Move] = {}
+        self._finished = 0
+        self.migrations = 0
+        self.replans = 0
+
+    # -- set-up ------------------------------------------------------------------
+    def _initial_shape(self, history: Sequence[FinishedTrajectory]) -> PoolShape:
+        baseline = self.cluster.baseline_shape()
+        if not self.policy.adaptive_shape:
+            return baseline
+        lengths = [float(r.total_tokens) for r in history]
+        if not lengths:  # no earlier rollout: plan for the predictor's prior
+            for sim in self.sims.values():
+                self._predict(sim)
+            lengths = [s.traj.predicted_remaining_tokens for s in self.sims.values()]
+        config = ShapeConfig(
+            gpu_budget=self.cluster.gpus,
+            gpus_per_node=self.cluster.gpus_per_node,
+            tensor_parallel_sizes=self.cluster.tensor_parallel_sizes,
+            reshape_s=self.config.initial_reshape_s,
+        )
+        plan = AnnealingShapePlanner(self.perf, config).plan(lengths, baseline)
+        return plan.shape
+
+    def _check_fits(self, inst: EngineInstance) -> None:
+        longest = max(s.script.prompt_tokens + s.script.total_tokens for s in self.sims.values())
+        if inst.kv_capacity_tokens < min(longest, self.perf.typical_context_tokens):
+            raise ConfigError(
+                f"{self.perf.model.name} at TP{inst.tp} holds {inst.kv_capacity_tokens} KV tokens, "
+                f"too few for this workload; raise baseline_tp or allow larger TP sizes"
+            )
+
+    # -- events ------------------------------------------------------------------
+    def _push(self, when: float, kind: int, key: str, version: int = 0) -> None:
+        heapq.heappush(self._events, (when, next(self._seq), kind, key, version))
+
+    def _kick(self, engine: SimEngine, now: float, arrival: bool) -> None:
+        if engine.segment is None:
+            end = engine.start_segment(now)
+            if end is not None:
+                self._push(end, _WAKE, engine.name, engine.version)
+        elif arrival and engine.can_start_now():
+            cut = engine.cut_segment(now)
+            if cut is not None:
+                self._push(cut, _WAKE, engine.name, engine.version)
+
+    def _view(self) -> ClusterView:
+        live = [e for e in self.engines.values() if not e.draining]
+        return ClusterView([e.instance for e in live], {e.name: e.load for e in live})
+
+    def _predict(self, sim: SimTrajectory) -> None:
+        if self.predictor is not None:
+            self.predictor.update(sim.traj)
+
+    # -- the agent loop ---------------------------------------------------------------
+    def _dispatch(self, sim: SimTrajectory, now: float) -> None:
+        sim.start_turn()
+        sim.traj.ready_s = now
+        engine = self.engines[self.placement.route(sim.traj, self._view())]
+        engine.enqueue(sim, now)
+        self._kick(engine, now, arrival=True)
+
+    def _step_done(self, sim: SimTrajectory, engine: SimEngine, now: float) -> None:
+        traj, script = sim.traj, sim.script
+        traj.turn_tokens.append(script.turn_tokens[traj.turns])
+        traj.turns += 1
+        if traj.turns == script.turns:
+            traj.state = TrajectoryState.DONE
+            traj.predicted_remaining_tokens = 0.0
+            sim.finish_s = now
+            self._finished += 1
+            if self.predictor is not None:
+                self.predictor.finish(traj)
+            return
+        engine.keep(sim.id, traj.context_tokens)
+        tool = script.tool_names[traj.turns - 1]
+        traj.state = TrajectoryState.IN_TOOL
+        traj.tool_calls += 1
+        traj.tool_expected_end_s = now + self.tool_means_s.get(tool, 0.0)
+        self._predict(sim)
+        if traj.turns in self.config.quality_steps:
+            sim.predicted_total_at_step[traj.turns] = traj.predicted_total_tokens
+        self._push(now + script.tool_latency_s[traj.turns - 1], _TOOL, sim.id)
+
+    def _tool_done(self, sim: SimTrajectory, now: float) -> None:
+        sim.traj.context_tokens += sim.script.tool_output_tokens[sim.traj.turns - 1]
+        sim.traj.tool_expected_end_s = None
+        if sim.migrating_to is not None:
+            sim.tool_done = True  # resumes once the move lands
+            return
+        self._dispatch(sim, now)
+
+    def _replan(self, now: float) -> None:
+        self.replans += 1
+        live = [s.traj for s in self.sims.values() if not s.traj.state.finished]
+        if not live:
+            return
+        view = self._view()
+        self.placement.replan(live, view)
+        instances = {i.name: i for i in view.instances}
+        moves = self.migration.plan(
+            [t for t in live if self.sims[t.id].migrating_to is None],
+            self.placement.target,
+            instances,
+            view.load,
+            now,
+            busy=self._moving,
+        )
+        for move in moves:
+            self._start_move(move, now)
+
+    def _start_move(self, move: Move, now: float) -> None:
+        sim = self.sims[move.trajectory_id]
+        self.engines[move.source].release_cache(sim.id)
+        destination = self.engines[move.destination]
+        destination.warm(sim.id, sim.traj.context_tokens)
+        self._kick(destination, now, arrival=False)
+        sim.migrating_to = move.destination
+        sim.migrations += 1
+        self.migrations += 1
+        self._moving.update((move.source, move.destination))
+        self._move_of[sim.id] = move
+        self._push(now + move.cost_s, _MIGRATED, sim.id)
+
+    def _migrated(self, sim: SimTrajectory, now: float) -> None:
+        move = self._move_of.pop(sim.id)
+        self._moving.difference_update((move.source, move.destination))
+        sim.traj.instance = move.destination
+        sim.migrating_to = None
+        if sim.tool_done:
+            sim.tool_done = False
+            self._dispatch(sim, now)
+
+    # -- the run ---------------------------------------------------------------------
+    def run(self, progress: Callable[[int, int], None] | None = None) -> SimResult:
+        """Simulate until every trajectory finishes; ``progress(done, total)`` as they do."""
+        start = (
+            self.config.initial_reshape_s if self.shape != self.cluster.baseline_shape() else 0.0
+        )
+        sims = list(self.sims.values())
+        for sim in sims:
+            self._predict(sim)
+        self.placement.replan([s.traj for s in sims], self._view())
+        for sim in sims:
+            self._dispatch(sim, start)
+        if self.policy.migration != "none" or self.policy.placement == "presorted-dp":
+            self._push(start + self.config.replan_interval_s, _REPLAN, "")
+        total, events, now = len(sims), 0, start
+        last_reported = -1
+        while self._finished < total:
+            if not self._events:
+                raise HeddleError(
+                    f"simulation stalled at t={now:.1f}s with {total - self._finished} "
+                    "trajectories unfinished; this is a bug in a policy or the simulator"
+                )
+            now, _, kind, key, version = heapq.heappop(self._events)
+            events += 1
+            if events > self.config.max_events:
+                raise HeddleError(f"simulation exceeded {self.config.max_events} events")
+            if kind == _WAKE:
+                engine = self.engines[key]
+                if version != engine.version:
+                    continue
+                for sim in engine.finish_segment(now):
+                    self._step_done(sim, engine, now)
+                engine.relieve_kv_pressure(now)
+                self._kick(engine, now, arrival=False)
+            elif kind == _TOOL:
+                self._tool_done(self.sims[key], now)
+            elif kind == _MIGRATED:
+                self._migrated(self.sims[key], now)
+            elif kind == _REPLAN:
+                self._replan(now)
+                if self._finished < total:
+                    self._push(now + self.config.replan_interval_s, _REPLAN, "")
+            if progress is not None and self._finished != last_reported:
+                last_reported = self._finished
+                progress(self._finished, total)
+        return summarise(self, events)
+
+    @property
+    def start_s(self) -> float:
+        return 0.0
+
+    def finish_times(self) -> list[float]:
+        return [s.finish_s if s.finish_s is not None else math.nan for s in self.sims.values()]
