@@ -18,7 +18,8 @@ from heddle.exceptions import HeddleError
 
 __all__ = ["main"]
 
-BENCH_TARGETS = ("placement", "shape", "predictor")
+BENCH_TARGETS = ("rollout", "placement", "shape", "predictor")
+DEFAULT_POLICIES = "heddle,verl,verl-star,slime"
 
 
 def _write_json(out: Path, name: str, payload: dict[str, Any]) -> Path:
@@ -77,10 +78,38 @@ def _print_predictor(r: dict[str, Any]) -> None:
             print(f"  {label:18s} {cells}")
 
 
+def _cmd_rollout(args: argparse.Namespace, out: Path) -> int:
+    from . import _bench
+
+    policies = [p for p in args.policies.split(",") if p]
+    if args.ablation:
+        policies += [p for p in _bench.ABLATION if p not in policies]
+    report = _bench.run_rollout_bench(
+        workload=args.workload,
+        cluster=args.cluster,
+        policies=policies,
+        seed=args.seed,
+        prompts=args.prompts,
+        gpus=args.gpus,
+        out=out,
+        progress=not args.quiet,
+    )
+    print(_bench.format_table(report))
+    path = _write_json(out, "results.json", report)
+    print(f"wrote {path}")
+    if _bench.plot(report, out / "rollout.png"):
+        print(f"wrote {out / 'rollout.png'}")
+    else:
+        print("no plot: matplotlib is not installed (pip install 'heddle[plot]')")
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from . import _microbench as mb
 
     out = Path(args.out)
+    if args.target == "rollout":
+        return _cmd_rollout(args, out)
     if args.target == "placement":
         result = mb.bench_placement(
             trajectories=args.trajectories,
@@ -94,7 +123,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         _print_placement(result)
     elif args.target == "shape":
         result = mb.bench_shape(
-            gpus=args.gpus,
+            gpus=args.gpus or 64,
             workload=args.workload,
             cluster=args.cluster,
             repeats=max(1, args.repeats // 4),
@@ -126,11 +155,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_bench = sub.add_parser(
         "bench",
-        help="benchmark scheduler components",
-        description="placement: DP timing; shape: TP-mix search timing; "
-        "predictor: Pearson and tail recall after step 1, 2, 4.",
+        help="simulate a rollout under several policies, or benchmark a component",
+        description="rollout (default): simulate the workload on the cluster under each "
+        "policy and compare (results.json, rollout.png); placement: DP timing; "
+        "shape: TP-mix search timing; predictor: Pearson and tail recall after step 1, 2, 4.",
     )
-    p_bench.add_argument("target", choices=BENCH_TARGETS, help="what to benchmark")
+    p_bench.add_argument(
+        "target", nargs="?", default="rollout", choices=BENCH_TARGETS, help="what to benchmark"
+    )
+    p_bench.add_argument(
+        "--policies",
+        default=DEFAULT_POLICIES,
+        help=f"comma-separated, for 'rollout' (default {DEFAULT_POLICIES})",
+    )
+    p_bench.add_argument(
+        "--ablation",
+        action="store_true",
+        help="add heddle-order, heddle-place, heddle-migrate (one mechanism each)",
+    )
+    p_bench.add_argument(
+        "--prompts", type=int, default=None, help="override the workload's prompt count"
+    )
+    p_bench.add_argument("--quiet", action="store_true", help="no progress bar")
     p_bench.add_argument("--workload", default="coding", help="preset name or YAML file")
     p_bench.add_argument(
         "--workloads", default="coding,search,math", help="comma-separated, for 'predictor'"
@@ -139,7 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--trajectories", type=int, default=4096)
     p_bench.add_argument("--instances", type=int, default=64, help="for 'placement'")
     p_bench.add_argument("--tp", type=int, default=1, help="instance TP, for 'placement'")
-    p_bench.add_argument("--gpus", type=int, default=64, help="GPU budget, for 'shape'")
+    p_bench.add_argument(
+        "--gpus", type=int, default=None, help="GPU budget (default: the cluster's; 64 for 'shape')"
+    )
     p_bench.add_argument("--repeats", type=int, default=21)
     p_bench.add_argument("--seed", type=int, default=1)
     p_bench.add_argument("--out", default="bench-out", help="directory for the JSON result")

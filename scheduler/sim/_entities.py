@@ -123,7 +123,11 @@ class SimEngine:
         self.running: dict[str, SimTrajectory] = {}
         self.running_context = 0  # tokens the running batch holds in KV
         self.waiting: dict[str, SimTrajectory] = {}
+        # (priority, id) of waiting steps; a step's priority is fixed while it waits,
+        # so the heap stays valid; entries of steps that left are skipped lazily.
+        self._queue: list[tuple[float, str]] = []
         self.cache = _IdleCache()
+        self._residents: dict[str, SimTrajectory] = {}  # pinned contexts' trajectories
         self.segment: Segment | None = None
         self.version = 0  # bumps whenever the pending wake-up is superseded
         self.pending_prefill_tokens = 0  # migrations warming this engine's cache
@@ -149,7 +153,10 @@ class SimEngine:
         short = self.running_context + self.cache.total + needed - self.instance.kv_capacity_tokens
         if short <= 0:
             return True
-        return self.cache.evict(short, keep=keep, pinned_too=pinned_too) >= short
+        freed = self.cache.evict(short, keep=keep, pinned_too=pinned_too)
+        if pinned_too and self._residents:
+            self._residents = {t: s for t, s in self._residents.items() if t in self.cache.pinned}
+        return freed >= short
 
     def _run(self, sim: SimTrajectory) -> None:
         self.running[sim.id] = sim
@@ -159,21 +166,50 @@ class SimEngine:
         del self.running[sim.id]
         self.running_context -= sim.traj.context_tokens
 
-    def keep(self, trajectory_id: str, tokens: int) -> None:
+    def keep(self, sim: SimTrajectory) -> None:
         """A step ended and a tool call began: its context stays (pinned, if resident)."""
-        self.cache.put(trajectory_id, tokens, pin=self.pin_resident)
+        self.cache.put(sim.id, sim.traj.context_tokens, pin=self.pin_resident)
+        if self.pin_resident:
+            self._residents[sim.id] = sim
+
+    def _evict_outranked(self, needed: int, head: SimTrajectory) -> bool:
+        """Unpin and evict resident contexts that ``head`` outranks, lowest priority first.
+
+        A pin protects a trajectory in a tool call from newcomers it outranks,
+        not from ones that outrank it (the paper's preemption rule, applied to
+        resident KV); the evicted one recomputes when it returns.
+        """
+        short = self.running_context + self.cache.total + needed - self.instance.kv_capacity_tokens
+        rank = self.priority(head.traj)
+        victims = sorted(
+            (
+                (self.priority(self._residents[tid].traj), tid)
+                for tid in self.cache.pinned
+                if tid != head.id and tid in self._residents
+            ),
+            reverse=True,
+        )
+        for priority, tid in victims:
+            if short <= 0:
+                break
+            if priority <= rank:
+                break
+            short -= self.release_cache(tid)
+        return short <= 0
 
     # -- queueing -------------------------------------------------------------
     def enqueue(self, sim: SimTrajectory, now: float) -> None:
         sim.queued_since = now
         sim.traj.state = TrajectoryState.QUEUED
         self.waiting[sim.id] = sim
+        heapq.heappush(self._queue, (self.priority(sim.traj), sim.id))
 
     def can_start_now(self) -> bool:
         """Would an arrival join (or, preemptively, displace) the batch at the next boundary?"""
         return len(self.running) < self.perf.batch_cap or self.preemptive
 
     def release_cache(self, trajectory_id: str) -> int:
+        self._residents.pop(trajectory_id, None)
         return self.cache.pop(trajectory_id)
 
     def warm(self, trajectory_id: str, tokens: int) -> None:
@@ -235,10 +271,14 @@ class SimEngine:
         if self.draining or not self.waiting or (len(self.running) >= cap and not self.preemptive):
             return 0
         prefill = 0
-        queue = [(self.priority(s.traj), s.traj.id, s) for s in self.waiting.values()]
-        heapq.heapify(queue)
+        queue = self._queue
         while queue:
-            _, _, sim = heapq.heappop(queue)
+            entry = queue[0]
+            sim_or_none = self.waiting.get(entry[1])
+            if sim_or_none is None or self.priority(sim_or_none.traj) != entry[0]:
+                heapq.heappop(queue)  # it left, or it was re-queued with another priority
+                continue
+            sim = sim_or_none
             # Preemption takes a batch slot, not KV: evicting a victim that keeps its
             # cache frees no memory, and dropping its cache would only trade recomputes.
             if len(self.running) >= cap and (
@@ -248,8 +288,12 @@ class SimEngine:
             own = min(self.cache.get(sim.id), sim.traj.context_tokens)
             # An idle engine may break pins rather than sit idle; so may a resident returning.
             pinned_too = not self.running or sim.id in self.cache.pinned
-            if not self._free_kv(sim.traj.context_tokens - own, sim.id, pinned_too):
+            needed = sim.traj.context_tokens - own
+            if not self._free_kv(needed, sim.id, pinned_too) and not (
+                self.preemptive and self._evict_outranked(needed, sim)
+            ):
                 break
+            heapq.heappop(queue)
             del self.waiting[sim.id]
             cached = min(self.release_cache(sim.id), sim.traj.context_tokens)
             new_tokens = sim.traj.context_tokens - cached

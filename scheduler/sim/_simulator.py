@@ -128,11 +128,16 @@ class Simulator:
         return plan.shape
 
     def _check_fits(self, inst: EngineInstance) -> None:
-        longest = max(s.script.prompt_tokens + s.script.total_tokens for s in self.sims.values())
-        if inst.kv_capacity_tokens < min(longest, self.perf.typical_context_tokens):
+        """Every trajectory's whole context must fit an engine's KV cache on its own."""
+        longest = max(
+            s.script.prompt_tokens + s.script.total_tokens + sum(s.script.tool_output_tokens)
+            for s in self.sims.values()
+        )
+        if inst.kv_capacity_tokens < longest:
             raise ConfigError(
-                f"{self.perf.model.name} at TP{inst.tp} holds {inst.kv_capacity_tokens} KV tokens, "
-                f"too few for this workload; raise baseline_tp or allow larger TP sizes"
+                f"{self.perf.model.name} at TP{inst.tp} holds {inst.kv_capacity_tokens} KV tokens "
+                f"but a trajectory of this workload reaches {longest}; use a larger TP "
+                "(baseline_tp, tensor_parallel_sizes) or a smaller output_tokens.max"
             )
 
     # -- events ------------------------------------------------------------------
@@ -177,7 +182,7 @@ class Simulator:
             if self.predictor is not None:
                 self.predictor.finish(traj)
             return
-        engine.keep(sim.id, traj.context_tokens)
+        engine.keep(sim)
         tool = script.tool_names[traj.turns - 1]
         traj.state = TrajectoryState.IN_TOOL
         traj.tool_calls += 1
