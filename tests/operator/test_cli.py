@@ -83,3 +83,38 @@ def test_unknown_bench_target_is_refused_by_the_parser() -> None:
     result = run("bench", "everything")
     assert result.returncode == 2
     assert "invalid choice" in result.stderr
+
+
+def test_bench_rollout_compares_policies_and_writes_results(tmp_path: Path) -> None:
+    code = main(
+        [
+            "bench",
+            "--workload",
+            "math",
+            "--prompts",
+            "6",
+            "--gpus",
+            "4",
+            "--quiet",
+            "--policies",
+            "heddle,verl,slime",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert set(report["policies"]) == {"heddle", "verl", "slime"}
+    assert report["trajectories"] == 6 * 16
+    assert report["summary"]["best_baseline"] in {"verl", "slime"}
+    bound = report["lower_bound"]["makespan_s"]
+    for result in report["policies"].values():
+        assert result["makespan_s"] >= bound
+        assert result["tokens"] == report["policies"]["verl"]["tokens"]
+    assert (tmp_path / "rollout.png").stat().st_size > 10_000
+
+
+def test_bench_rollout_refuses_an_unknown_policy(tmp_path: Path) -> None:
+    result = run("bench", "--policies", "heddle,verl3", "--out", str(tmp_path))
+    assert result.returncode == 2
+    assert "unknown scheduling policy 'verl3'; choose one of" in result.stderr

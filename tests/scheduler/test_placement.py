@@ -96,3 +96,17 @@ def test_dp_placement_sends_new_trajectories_where_the_plan_says_and_keeps_old_o
     assert policy.route(long, v) == "tp4"
     resident = traj("short", instance="tp1", remaining=100)
     assert policy.route(resident, v) == "tp1"  # moving is the migration planner's job
+
+
+def test_dp_placement_reroutes_a_step_stuck_behind_a_long_queue(perf: PerfModel) -> None:
+    instances = [perf.instance("a", 1), perf.instance("b", 1)]
+    policy = DPPlacement(rebalance_margin=32)
+    resident = traj("t", instance="a")
+    assert policy.route(resident, ClusterView(instances, {"a": 40, "b": 8})) == "a"  # 32: stay
+    assert policy.route(resident, ClusterView(instances, {"a": 41, "b": 8})) == "b"
+    assert (
+        DPPlacement(rebalance_margin=None).route(
+            resident, ClusterView(instances, {"a": 500, "b": 0})
+        )
+        == "a"
+    )
