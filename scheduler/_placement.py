@@ -135,40 +135,41 @@ def solve_lengths(
 def _stratify(
     trajectories: Sequence[Trajectory], groups: list[tuple[EngineInstance, np.ndarray]]
 ) -> dict[str, str]:
-    """Deal near-ties across the DP's groups sibling by sibling (see plan_placement)."""
+    """Deal near-ties across the DP's groups, one GRPO group after another (see plan_placement)."""
+    n = len(trajectories)
     lengths = np.array([t.predicted_remaining_tokens for t in trajectories])
-    slot_owner = np.empty(len(trajectories), dtype=np.int64)  # rank -> group index
     ranked = np.argsort(-lengths, kind="stable")
-    rank_of = np.empty_like(ranked)
-    rank_of[ranked] = np.arange(ranked.size)
+    rank_of = np.empty(n, dtype=np.int64)
+    rank_of[ranked] = np.arange(n)
+    slot_owner = np.empty(n, dtype=np.int64)  # rank -> index of the group holding that slot
     for g, (_, positions) in enumerate(groups):
         slot_owner[rank_of[positions]] = g
-    # Siblings consecutively, so the round-robin slots below spread each group.
-    key = [(zlib.crc32(t.group_id.encode()), t.group_id, t.id) for t in trajectories]
-    assignment: dict[str, str] = {}
+    # Siblings consecutively (groups in a hashed order), so round-robin slots spread them.
+    hashes: dict[str, int] = {}
+    group_key = np.array(
+        [hashes.setdefault(t.group_id, zlib.crc32(t.group_id.encode())) for t in trajectories]
+    )
+    deal_rank = np.empty(n, dtype=np.int64)
+    deal_rank[np.lexsort((np.arange(n), group_key))] = np.arange(n)
+    owner_of = np.empty(n, dtype=np.int64)  # trajectory index -> group index
+    sorted_lengths = lengths[ranked]
     start = 0
-    while start < ranked.size:
-        floor = lengths[ranked[start]] / _TIE_RATIO
-        end = start + 1
-        while end < ranked.size and lengths[ranked[end]] >= floor:
-            end += 1
+    while start < n:
+        end = int(np.searchsorted(-sorted_lengths, -sorted_lengths[start] / _TIE_RATIO, "right"))
+        end = max(end, start + 1)
+        owners = slot_owner[start:end]
+        # Round-robin over the groups owning this window's slots: k-th slot of each in turn.
+        by_owner = np.argsort(owners, kind="stable")
+        first = np.searchsorted(owners[by_owner], owners[by_owner], "left")
+        occurrence = np.empty(owners.size, dtype=np.int64)
+        occurrence[by_owner] = np.arange(owners.size) - first
+        slots = owners[np.lexsort((owners, occurrence))]
         window = ranked[start:end]
-        # Slots of this window, interleaved round-robin over the groups that own them.
-        by_group: dict[int, int] = {}
-        for g in slot_owner[start:end].tolist():
-            by_group[g] = by_group.get(g, 0) + 1
-        slots: list[int] = []
-        while by_group:
-            for g in list(by_group):
-                slots.append(g)
-                by_group[g] -= 1
-                if by_group[g] == 0:
-                    del by_group[g]
-        dealt = sorted(window.tolist(), key=lambda i: key[i])
-        for i, g in zip(dealt, slots, strict=True):
-            assignment[trajectories[i].id] = groups[g][0].name
+        dealt = window[np.argsort(deal_rank[window], kind="stable")]
+        owner_of[dealt] = slots
         start = end
-    return assignment
+    names = [inst.name for inst, _ in groups]
+    return {t.id: names[owner_of[i]] for i, t in enumerate(trajectories)}
 
 
 def plan_placement(

@@ -110,3 +110,20 @@ def test_dp_placement_reroutes_a_step_stuck_behind_a_long_queue(perf: PerfModel)
         )
         == "a"
     )
+
+
+def test_siblings_with_equal_predictions_are_spread_across_engines(perf: PerfModel) -> None:
+    """Before they run, GRPO siblings share one prediction; they must not share one engine."""
+    instances = [perf.instance(f"e{i}", 1) for i in range(4)]
+    trajs = []
+    for g in range(8):
+        for s in range(8):
+            t = Trajectory(f"g{g}-s{s}", f"g{g}", 100)
+            t.predicted_remaining_tokens = 5000.0 + g  # within 25%: a tie
+            trajs.append(t)
+    plan = plan_placement(trajs, instances)
+    for g in range(8):
+        engines = [plan.assignment[f"g{g}-s{s}"] for s in range(8)]
+        assert max(engines.count(e) for e in set(engines)) <= 3, engines
+    counts = [list(plan.assignment.values()).count(i.name) for i in instances]
+    assert max(counts) - min(counts) <= 1
