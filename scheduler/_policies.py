@@ -118,6 +118,16 @@ POLICIES: dict[str, SchedulingPolicy] = {
             resident_contexts=True,
         ),
         SchedulingPolicy(
+            "heddle-oracle",
+            "progressive",
+            "presorted-dp",
+            "tool-window",
+            True,
+            "oracle",
+            "simulation only: heddle with a predictor that knows every true length",
+            resident_contexts=True,
+        ),
+        SchedulingPolicy(
             "verl",
             "fcfs",
             "sticky",

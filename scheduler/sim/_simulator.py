@@ -21,7 +21,7 @@ from .._policies import (
     make_placement,
     make_predictor,
 )
-from .._predictor import LengthPredictor
+from .._predictor import LengthPredictor, OraclePredictor
 from .._shape import AnnealingShapePlanner, ShapeConfig
 from .._types import FinishedTrajectory, PoolShape, Trajectory, TrajectoryState
 from .._workload import TrajectoryScript
@@ -79,7 +79,10 @@ class Simulator:
         self.placement = make_placement(policy.placement)
         self.migration = make_migration(policy.migration, self.perf)
         self.predictor = predictor
-        if self.predictor is None and policy.predictor:
+        truth = {s.id: (s.total_tokens, s.turns) for s in scripts}
+        if self.predictor is None and policy.predictor == OraclePredictor.name:
+            self.predictor = OraclePredictor(lambda t: truth[t.id])
+        elif self.predictor is None and policy.predictor:
             self.predictor = make_predictor(policy.predictor)
         if self.predictor is not None and history:
             self.predictor.seed(history)
