@@ -31,6 +31,7 @@ from ._results import SimResult, summarise
 __all__ = ["SimConfig", "Simulator"]
 
 _WAKE, _TOOL, _MIGRATED, _REPLAN = range(4)
+_EVENT_NAMES = ("wake", "tool", "migrated", "replan")
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class SimConfig:
     initial_reshape_s: float = 0.0  # extra start-up cost of a non-baseline shape (see docs)
     quality_steps: tuple[int, ...] = (1, 2, 4)  # steps at which predictor quality is scored
     max_events: int = 50_000_000  # a guard against a scheduling bug looping forever
+    trace: bool = False  # record every handled event in Simulator.trace (tests, debugging)
 
     def __post_init__(self) -> None:
         if self.replan_interval_s <= 0:
@@ -110,6 +112,7 @@ class Simulator:
         self._finished = 0
         self.migrations = 0
         self.replans = 0
+        self.trace: list[tuple[float, str, str]] = []  # (time, event, engine or trajectory)
 
     # -- set-up ------------------------------------------------------------------
     def _initial_shape(self, history: Sequence[FinishedTrajectory]) -> PoolShape:
@@ -268,6 +271,8 @@ class Simulator:
                 )
             now, _, kind, key, version = heapq.heappop(self._events)
             events += 1
+            if self.config.trace:
+                self.trace.append((now, _EVENT_NAMES[kind], key))
             if events > self.config.max_events:
                 raise HeddleError(f"simulation exceeded {self.config.max_events} events")
             if kind == _WAKE:

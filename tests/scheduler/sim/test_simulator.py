@@ -107,6 +107,31 @@ def test_a_lone_trajectory_takes_exactly_its_serial_time(cluster: ClusterSpec) -
     assert result.makespan_s == pytest.approx(expected, rel=1e-9)
 
 
+def test_events_are_handled_in_time_order_and_in_agent_loop_order(
+    workload: WorkloadSpec, cluster: ClusterSpec
+) -> None:
+    scripts = generate(workload, 16)
+    sim = simulate(
+        scripts,
+        cluster,
+        "heddle",
+        history=history_of(generate(workload, 17)),
+        config=SimConfig(trace=True),
+    )
+    sim.run()
+    times = [t for t, _, _ in sim.trace]
+    assert times == sorted(times)
+    assert {kind for _, kind, _ in sim.trace} >= {"wake", "tool", "replan"}
+    for script in scripts:
+        tools = [t for t, kind, key in sim.trace if kind == "tool" and key == script.id]
+        state = sim.sims[script.id]
+        assert len(tools) == script.turns - 1  # one reply per tool call
+        assert state.finish_s is not None
+        assert all(t <= state.finish_s for t in tools)  # the last step follows the last tool
+        # A trajectory cannot finish before its tools have run back to back.
+        assert state.finish_s >= sum(script.tool_latency_s)
+
+
 def test_cache_awareness_matters(workload: WorkloadSpec, cluster: ClusterSpec) -> None:
     """slime routes each step anew and re-prefills; verl keeps the prefix cache."""
     scripts = generate(workload, 11)
