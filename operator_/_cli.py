@@ -142,6 +142,34 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_worker(args: argparse.Namespace) -> int:
+    import logging
+
+    from heddle.exceptions import ConfigError
+    from heddle.worker import SimulatedEngine, serve
+
+    from ._presets import load_cluster
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if args.engine == "vllm":
+        raise ConfigError(
+            "the vllm engine is not built yet; use --engine sim (see the worker issue)"
+        )
+    perf = load_cluster(args.cluster).perf_model()
+    if perf.kv_capacity_tokens(args.tp) <= 0:
+        raise ConfigError(f"{perf.model.name} does not fit on TP{args.tp}; raise --tp")
+    engine = SimulatedEngine(
+        perf,
+        tp=args.tp,
+        model=args.model or perf.model.name,
+        max_model_len=args.max_model_len,
+        time_scale=args.time_scale,
+        seed=args.seed,
+    )
+    serve(engine, host=args.host, port=args.port, grace_s=args.grace)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="heddle",
@@ -152,6 +180,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_version = sub.add_parser("version", help="print the version")
     p_version.set_defaults(func=_cmd_version)
+
+    p_worker = sub.add_parser(
+        "worker",
+        help="serve one engine behind the worker HTTP API",
+        description="The pod-side process of an EnginePool (docs/worker-api.md).",
+    )
+    p_worker.add_argument("--engine", choices=("sim", "vllm"), default="sim")
+    p_worker.add_argument("--model", default=None, help="model name or path (vllm)")
+    p_worker.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    p_worker.add_argument("--host", default="127.0.0.1")
+    p_worker.add_argument("--port", type=int, default=8000)
+    p_worker.add_argument("--max-model-len", type=int, default=65_536)
+    p_worker.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        help="seconds in-flight steps get to finish after SIGTERM",
+    )
+    p_worker.add_argument(
+        "--cluster",
+        default="64xh100",
+        help="sim: hardware and model whose performance model to run",
+    )
+    p_worker.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="sim: wall seconds per simulated second (0: as fast as possible)",
+    )
+    p_worker.add_argument("--seed", type=int, default=0)
+    p_worker.set_defaults(func=_cmd_worker)
 
     p_bench = sub.add_parser(
         "bench",

@@ -1,6 +1,48 @@
-"""heddle.worker: the pod-side engine process (HTTP API over a vLLM or simulated engine).
+"""heddle.worker: the pod-side process, an engine behind a trajectory-resident HTTP API.
 
-Not built yet: see the worker issue. Depends on :mod:`heddle.scheduler` only for types.
+``heddle worker --engine sim|vllm`` starts one (docs/worker-api.md). The API
+keeps each trajectory's token context on the worker, so a step sends only new
+tokens and hits the engine's prefix cache; contexts move between workers with
+GET (export) and PUT (import, optionally warming the cache).
+
+The ``sim`` engine runs the simulator's performance model in scaled real time
+with synthetic tokens, for scale tests and benchmarks without a model. The
+``vllm`` engine is not built yet.
 """
 
-__all__: list[str] = []
+from ._app import WorkerState, create_app
+from ._engine import Engine, EngineError, EngineStats, Sampling, StepOutput
+from ._schemas import (
+    ChatMessage,
+    ExportResponse,
+    GenerateRequest,
+    GenerateResponse,
+    ImportRequest,
+    ImportResponse,
+    SamplingParams,
+    StateResponse,
+    Timings,
+)
+from ._server import serve
+from ._sim_engine import SimulatedEngine
+
+__all__ = [
+    "ChatMessage",
+    "Engine",
+    "EngineError",
+    "EngineStats",
+    "ExportResponse",
+    "GenerateRequest",
+    "GenerateResponse",
+    "ImportRequest",
+    "ImportResponse",
+    "Sampling",
+    "SamplingParams",
+    "SimulatedEngine",
+    "StateResponse",
+    "StepOutput",
+    "Timings",
+    "WorkerState",
+    "create_app",
+    "serve",
+]

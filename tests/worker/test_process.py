@@ -1,0 +1,102 @@
+"""``heddle worker`` as a real process on a loopback port: serving, and SIGTERM drain."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def worker_process() -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """A sim-engine worker in real time (time scale 1), 1 s of drain grace."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "heddle",
+            "worker",
+            "--engine",
+            "sim",
+            "--port",
+            str(port),
+            "--grace",
+            "1",
+            "--time-scale",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        else:
+            pytest.fail("the worker did not become ready within 30 s")
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_sigterm_lets_short_steps_finish_aborts_long_ones_and_exits(
+    worker_process: tuple[subprocess.Popen[str], str],
+) -> None:
+    proc, url = worker_process
+
+    def generate(tid: str, max_tokens: int) -> httpx.Response:
+        body = {"append_token_ids": [1] * 64, "sampling": {"max_tokens": max_tokens}}
+        return httpx.post(f"{url}/v1/trajectories/{tid}/generate", json=body, timeout=60)
+
+    with ThreadPoolExecutor(2) as pool:
+        short = pool.submit(generate, "short", 40)  # ~0.7 s at Qwen3-14B TP1 speed
+        long = pool.submit(generate, "long", 5000)  # ~80 s: cannot finish in the grace
+        deadline = time.monotonic() + 10
+        while not short.done() and time.monotonic() < deadline:  # both admitted?
+            if httpx.get(f"{url}/v1/state", timeout=5).json()["running"] >= 2:
+                break
+            time.sleep(0.02)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert short.result().status_code == 200
+        aborted = long.result()
+    assert aborted.status_code == 503
+    assert "aborted this step" in aborted.json()["error"]
+    assert proc.wait(timeout=10) == 0
+    assert time.monotonic() - sent < 5  # grace of 1 s, plus shutdown
+
+
+def test_a_served_worker_answers_over_http(
+    worker_process: tuple[subprocess.Popen[str], str],
+) -> None:
+    _, url = worker_process
+    answer = httpx.post(
+        f"{url}/v1/trajectories/t/generate",
+        json={"append_token_ids": [5] * 10, "sampling": {"max_tokens": 4}},
+        timeout=30,
+    )
+    assert answer.status_code == 200 and len(answer.json()["token_ids"]) == 4
+    state = httpx.get(f"{url}/v1/state", timeout=5).json()
+    assert state["engine"] == "sim" and state["model"] == "Qwen3-14B" and state["tp"] == 1

@@ -1,0 +1,105 @@
+"""The engine interface a worker serves, and the plain data it passes around."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+__all__ = ["Engine", "EngineError", "EngineStats", "Sampling", "StepOutput"]
+
+
+class EngineError(RuntimeError):
+    """The engine failed; the worker answers 503 and stops reporting ready."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling of one LLM step (vLLM's names and meanings)."""
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+    logprobs: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one step produced. Times in seconds."""
+
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length" | "abort"
+    prompt_tokens: int  # context the step started from
+    cached_tokens: int  # of those, served from the prefix cache
+    logprobs: list[float] | None = None
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    running: int
+    waiting: int
+    kv_usage: float  # fraction of the KV cache in use, 0..1
+    generated_tokens: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Engine(ABC):
+    """An LLM engine serving trajectory steps.
+
+    ``context`` is the trajectory's whole token history; the engine keeps
+    what it can in its prefix cache, so a step whose context extends the
+    previous one only prefills the new tokens.
+    """
+
+    name: str
+    model: str
+    tp: int
+    max_model_len: int
+
+    @property
+    @abstractmethod
+    def ready(self) -> bool: ...
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Load the model; ``ready`` turns true when this returns."""
+
+    @abstractmethod
+    async def step(
+        self, trajectory_id: str, context: list[int], sampling: Sampling, priority: int
+    ) -> StepOutput:
+        """Generate one turn after ``context``; lower ``priority`` runs first."""
+
+    @abstractmethod
+    async def warm(self, trajectory_id: str, context: list[int]) -> None:
+        """Prefill ``context`` into the prefix cache ahead of its next step."""
+
+    @abstractmethod
+    def release(self, trajectory_id: str) -> None:
+        """Forget a trajectory's cached context."""
+
+    @abstractmethod
+    def stats(self) -> EngineStats: ...
+
+    @abstractmethod
+    async def abort_all(self) -> None:
+        """Finish every in-flight step now with ``finish_reason="abort"``."""
+
+    @abstractmethod
+    async def shutdown(self) -> None: ...
+
+    def encode(self, text: str) -> list[int]:
+        """Text to token ids (the engine's tokenizer)."""
+        raise NotImplementedError
+
+    def decode(self, token_ids: list[int]) -> str:
+        raise NotImplementedError
+
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        """Chat messages to text with the model's chat template."""
+        raise NotImplementedError

@@ -1,0 +1,49 @@
+"""Run a worker: uvicorn in front of the app, with a graceful SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import FrameType
+
+import uvicorn
+
+from ._app import WorkerState, create_app
+from ._engine import Engine
+
+__all__ = ["serve"]
+
+log = logging.getLogger("heddle.worker")
+
+
+class _Server(uvicorn.Server):
+    """First SIGTERM/SIGINT drains (readyz turns 503, new steps get 503, in-flight
+    steps get ``grace_s`` to finish, the rest are aborted), then the server exits.
+    A second signal exits at once."""
+
+    def __init__(self, config: uvicorn.Config, state: WorkerState) -> None:
+        super().__init__(config)
+        self.worker = state
+        self._draining: asyncio.Task[None] | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._draining is not None:
+            super().handle_exit(sig, frame)
+            return
+        log.info("signal %s: draining for up to %.1fs", sig, self.worker.grace_s)
+        loop = asyncio.get_event_loop()
+        self._draining = loop.create_task(self._drain_then_exit())
+
+    async def _drain_then_exit(self) -> None:
+        await self.worker.drain()
+        await asyncio.sleep(0.2)  # let the aborted steps' 503 answers go out
+        self.should_exit = True
+
+
+def serve(engine: Engine, *, host: str, port: int, grace_s: float = 30.0) -> None:
+    """Serve ``engine`` until a signal; blocks."""
+    app = create_app(engine, grace_s=grace_s)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="info", timeout_graceful_shutdown=int(grace_s) + 5
+    )
+    asyncio.run(_Server(config, app.state.worker).serve())

@@ -1,0 +1,265 @@
+"""A simulated engine: the simulator's performance model, in real (scaled) time.
+
+It batches steps continuously like vLLM (priority order, batch cap, KV
+capacity, prefix cache) and sleeps for as long as the performance model says
+each batch segment takes, times ``time_scale``. Tokens are synthetic: lower-case
+letters and spaces, so the text is readable and round-trips through the byte
+tokenizer. A step always generates ``max_tokens`` tokens (``finish_reason``
+"length"), which is how the synthetic environment scripts turn lengths.
+For scale tests and benchmarks without a model; never a stand-in for vLLM's
+outputs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import math
+import random
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from heddle.scheduler import PerfModel
+
+from ._engine import Engine, EngineError, EngineStats, Sampling, StepOutput
+
+__all__ = ["SimulatedEngine"]
+
+_ALPHABET = [32, *range(97, 123)]  # space and a-z as byte-token ids
+
+
+@dataclass(eq=False)
+class _Request:
+    trajectory_id: str
+    context: int
+    remaining: int
+    sampling: Sampling
+    future: asyncio.Future[StepOutput]
+    enqueued: float
+    cached: int = 0
+    admitted: float = 0.0
+    prefill_s: float = 0.0
+    tokens: list[int] = field(default_factory=list)
+
+
+class SimulatedEngine(Engine):
+    """Continuous batching on the performance model; see the module docstring."""
+
+    name = "sim"
+
+    def __init__(
+        self,
+        perf: PerfModel,
+        *,
+        tp: int = 1,
+        model: str = "sim",
+        max_model_len: int = 65_536,
+        time_scale: float = 1.0,
+        load_s: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        if time_scale < 0:
+            raise ValueError(f"time_scale={time_scale} must be >= 0")
+        self.perf = perf
+        self.tp = tp
+        self.model = model
+        self.max_model_len = max_model_len
+        self.time_scale = time_scale
+        self.load_s = load_s
+        self.instance = perf.instance(f"sim-tp{tp}", tp)
+        self._rng = random.Random(seed)
+        self._waiting: list[tuple[int, int, _Request]] = []
+        self._seq = itertools.count()
+        self._running: list[_Request] = []
+        self._cache: OrderedDict[str, int] = OrderedDict()  # trajectory -> cached tokens
+        self._pending_prefill = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._ready = False
+        self._failed: BaseException | None = None
+        self.generated_tokens = 0
+
+    # -- lifecycle ------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self._ready and self._failed is None
+
+    async def start(self) -> None:
+        if self.load_s:
+            await asyncio.sleep(self.load_s)
+        self._task = asyncio.create_task(self._loop(), name="sim-engine")
+        self._ready = True
+
+    async def shutdown(self) -> None:
+        self._ready = False
+        await self.abort_all()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def abort_all(self) -> None:
+        for req in [*self._running, *(r for _, _, r in self._waiting)]:
+            if not req.future.done():
+                req.future.set_result(self._output(req, "abort"))
+        self._running.clear()
+        self._waiting.clear()
+
+    # -- requests ---------------------------------------------------------------------
+    async def step(
+        self, trajectory_id: str, context: list[int], sampling: Sampling, priority: int
+    ) -> StepOutput:
+        if self._failed is not None:
+            raise EngineError(f"the simulated engine failed: {self._failed}")
+        loop = asyncio.get_running_loop()
+        req = _Request(
+            trajectory_id,
+            len(context),
+            sampling.max_tokens,
+            sampling,
+            loop.create_future(),
+            time.monotonic(),
+        )
+        heapq.heappush(self._waiting, (priority, next(self._seq), req))
+        self._wake.set()
+        return await req.future
+
+    async def warm(self, trajectory_id: str, context: list[int]) -> None:
+        cached = self._cache.get(trajectory_id, 0)
+        if len(context) > cached:
+            self._pending_prefill += len(context) - cached
+            self._cache[trajectory_id] = len(context)
+            self._cache.move_to_end(trajectory_id)
+            self._wake.set()
+
+    def release(self, trajectory_id: str) -> None:
+        self._cache.pop(trajectory_id, None)
+
+    def stats(self) -> EngineStats:
+        used = sum(r.context + len(r.tokens) for r in self._running) + sum(self._cache.values())
+        return EngineStats(
+            running=len(self._running),
+            waiting=len(self._waiting),
+            kv_usage=min(1.0, used / max(1, self.instance.kv_capacity_tokens)),
+            generated_tokens=self.generated_tokens,
+        )
+
+    # -- tokenizer: bytes are tokens ----------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, token_ids: list[int]) -> str:
+        return bytes(t for t in token_ids if 0 <= t < 256).decode("utf-8", errors="replace")
+
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+        return text + ("<|assistant|>\n" if add_generation_prompt else "")
+
+    # -- the batching loop -----------------------------------------------------------------
+    def _output(self, req: _Request, reason: str) -> StepOutput:
+        now = time.monotonic()
+        logprobs = (
+            [math.log(1 / len(_ALPHABET))] * len(req.tokens) if req.sampling.logprobs else None
+        )
+        queue_s = (req.admitted or now) - req.enqueued
+        return StepOutput(
+            token_ids=list(req.tokens),
+            finish_reason=reason,
+            prompt_tokens=req.context,
+            cached_tokens=req.cached,
+            logprobs=logprobs,
+            queue_s=queue_s,
+            prefill_s=req.prefill_s,
+            decode_s=max(0.0, now - (req.admitted or now) - req.prefill_s),
+        )
+
+    def _admit(self) -> int:
+        cap = self.perf.batch_cap
+        capacity = self.instance.kv_capacity_tokens
+        prefill = 0
+        while self._waiting and len(self._running) < cap:
+            _, _, req = self._waiting[0]
+            own = min(self._cache.get(req.trajectory_id, 0), req.context)
+            used = sum(r.context + len(r.tokens) for r in self._running)
+            idle = sum(v for k, v in self._cache.items() if k != req.trajectory_id)
+            while used + idle + req.context > capacity and idle > 0:
+                victim = next(k for k in self._cache if k != req.trajectory_id)
+                idle -= self._cache.pop(victim)
+            if used + idle + req.context > capacity and self._running:
+                break  # wait for room
+            heapq.heappop(self._waiting)
+            self._cache.pop(req.trajectory_id, None)
+            req.cached = own
+            req.admitted = time.monotonic()
+            prefill += req.context - own
+            self._running.append(req)
+        return prefill
+
+    def _credit(self, iterations: int) -> None:
+        for req in self._running:
+            req.tokens.extend(self._rng.choice(_ALPHABET) for _ in range(iterations))
+            req.remaining -= iterations
+        self.generated_tokens += iterations * len(self._running)
+        still: list[_Request] = []
+        for req in self._running:
+            if req.remaining > 0:
+                still.append(req)
+                continue
+            self._cache[req.trajectory_id] = req.context + len(req.tokens)
+            self._cache.move_to_end(req.trajectory_id)
+            if not req.future.done():
+                req.future.set_result(self._output(req, "length"))
+        self._running = still
+
+    async def _loop(self) -> None:
+        try:
+            while True:
+                prefill_tokens = self._admit() + self._pending_prefill
+                self._pending_prefill = 0
+                if not self._running and not prefill_tokens:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                prefill_s = self.perf.prefill_time(prefill_tokens, self.tp)
+                for req in self._running:
+                    if req.prefill_s == 0.0 and req.admitted:
+                        req.prefill_s = prefill_s * self.time_scale
+                await asyncio.sleep(prefill_s * self.time_scale)
+                if not self._running:
+                    continue
+                batch = len(self._running)
+                context = sum(r.context + len(r.tokens) for r in self._running)
+                k = min(r.remaining for r in self._running)
+                duration = self.perf.segment_time(batch, context, self.tp, k) * self.time_scale
+                started = time.monotonic()
+                self._wake.clear()
+                interrupted = False
+                if batch < self.perf.batch_cap and duration > 0:
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), timeout=duration)
+                        interrupted = True
+                    except TimeoutError:
+                        pass
+                elif duration > 0:
+                    await asyncio.sleep(duration)
+                done = k
+                if interrupted and self.time_scale > 0:
+                    # Newcomers join at the next iteration boundary: finish the current one.
+                    elapsed = (time.monotonic() - started) / self.time_scale
+                    within = self.perf.iterations_within(batch, context, self.tp, elapsed)
+                    done = min(k, within + 1)
+                    boundary = self.perf.segment_time(batch, context, self.tp, done)
+                    rest = (boundary - elapsed) * self.time_scale
+                    if rest > 0:
+                        await asyncio.sleep(rest)
+                self._credit(done)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug here must surface as 503, not a hang
+            self._failed = exc
+            for req in [*self._running, *(r for _, _, r in self._waiting)]:
+                if not req.future.done():
+                    req.future.set_exception(EngineError(f"simulated engine failed: {exc}"))
