@@ -22,7 +22,7 @@ def free_port() -> int:
 
 @pytest.fixture
 def worker_process() -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """A sim-engine worker in real time (time scale 1), 1 s of drain grace."""
+    """A sim-engine worker in real time (time scale 1), 3 s of drain grace."""
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -72,7 +72,7 @@ def test_sigterm_lets_short_steps_finish_aborts_long_ones_and_exits(
 
     with ThreadPoolExecutor(2) as pool:
         short = pool.submit(generate, "short", 40)  # ~0.7 s at Qwen3-14B TP1 speed
-        long = pool.submit(generate, "long", 5000)  # ~80 s: cannot finish in the grace
+        long = pool.submit(generate, "long", 20000)  # ~5 min: cannot finish in the grace
         deadline = time.monotonic() + 10
         while not short.done() and time.monotonic() < deadline:  # both admitted?
             if httpx.get(f"{url}/v1/state", timeout=5).json()["running"] >= 2:
@@ -80,12 +80,13 @@ def test_sigterm_lets_short_steps_finish_aborts_long_ones_and_exits(
             time.sleep(0.02)
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        assert short.result().status_code == 200
+        finished = short.result()
+        assert finished.status_code == 200, finished.text
         aborted = long.result()
     assert aborted.status_code == 503
     assert "aborted this step" in aborted.json()["error"]
     assert proc.wait(timeout=10) == 0
-    assert time.monotonic() - sent < 5  # grace of 1 s, plus shutdown
+    assert time.monotonic() - sent < 10  # grace of 3 s, plus shutdown
 
 
 def test_a_served_worker_answers_over_http(
