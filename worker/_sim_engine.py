@@ -217,10 +217,11 @@ class SimulatedEngine(Engine):
     async def _loop(self) -> None:
         try:
             while True:
+                # Cleared before admitting: an arrival from here on interrupts the segment.
+                self._wake.clear()
                 prefill_tokens = self._admit() + self._pending_prefill
                 self._pending_prefill = 0
                 if not self._running and not prefill_tokens:
-                    self._wake.clear()
                     await self._wake.wait()
                     continue
                 prefill_s = self.perf.prefill_time(prefill_tokens, self.tp)
@@ -235,7 +236,6 @@ class SimulatedEngine(Engine):
                 k = min(r.remaining for r in self._running)
                 duration = self.perf.segment_time(batch, context, self.tp, k) * self.time_scale
                 started = time.monotonic()
-                self._wake.clear()
                 interrupted = False
                 if batch < self.perf.batch_cap and duration > 0:
                     try:
