@@ -4,4 +4,6 @@ import sys
 
 from heddle.operator._cli import main
 
-sys.exit(main())
+# Guarded: vLLM starts its engine processes with "spawn", which re-imports __main__.
+if __name__ == "__main__":
+    sys.exit(main())

@@ -152,9 +152,23 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.engine == "vllm":
-        raise ConfigError(
-            "the vllm engine is not built yet; use --engine sim (see the worker issue)"
+        from heddle.worker import VLLMConfig, VLLMEngine
+
+        if not args.model:
+            raise ConfigError("--engine vllm needs --model (an HF model directory or id)")
+        vllm_engine = VLLMEngine(
+            VLLMConfig(
+                model=args.model,
+                tp=args.tp,
+                max_model_len=args.max_model_len,
+                block_size=args.block_size,
+                max_num_seqs=args.max_num_seqs,
+                kv_cache_gib=args.kv_cache_gib,
+                seed=args.seed,
+            )
         )
+        serve(vllm_engine, host=args.host, port=args.port, grace_s=args.grace)
+        return 0
     perf = load_cluster(args.cluster).perf_model()
     if perf.kv_capacity_tokens(args.tp) <= 0:
         raise ConfigError(f"{perf.model.name} does not fit on TP{args.tp}; raise --tp")
@@ -167,6 +181,21 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     serve(engine, host=args.host, port=args.port, grace_s=args.grace)
+    return 0
+
+
+def _cmd_model_tiny(args: argparse.Namespace) -> int:
+    from heddle.exceptions import ConfigError
+    from heddle.worker._tiny_model import write_tiny_model
+
+    try:
+        path = write_tiny_model(Path(args.path), seed=args.seed)
+    except ImportError as exc:
+        raise ConfigError(
+            f"heddle model tiny needs torch, transformers and tokenizers ({exc}); "
+            "install the vllm extra: pip install -e '.[vllm]'"
+        ) from exc
+    print(f"wrote a tiny random-weight Llama to {path}")
     return 0
 
 
@@ -210,7 +239,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="sim: wall seconds per simulated second (0: as fast as possible)",
     )
     p_worker.add_argument("--seed", type=int, default=0)
+    p_worker.add_argument("--block-size", type=int, default=None, help="vllm: KV block size")
+    p_worker.add_argument("--max-num-seqs", type=int, default=100, help="vllm: batch cap")
+    p_worker.add_argument(
+        "--kv-cache-gib",
+        type=int,
+        default=1,
+        help="vllm CPU build: KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE)",
+    )
     p_worker.set_defaults(func=_cmd_worker)
+
+    p_model = sub.add_parser("model", help="make models for tests and the quickstart")
+    model_sub = p_model.add_subparsers(dest="model_command", required=True, metavar="KIND")
+    p_tiny = model_sub.add_parser(
+        "tiny", help="write a small random-weight Llama with a tokenizer (vllm extra)"
+    )
+    p_tiny.add_argument("path", help="directory to write")
+    p_tiny.add_argument("--seed", type=int, default=0)
+    p_tiny.set_defaults(func=_cmd_model_tiny)
 
     p_bench = sub.add_parser(
         "bench",

@@ -6,8 +6,8 @@ tokens and hits the engine's prefix cache; contexts move between workers with
 GET (export) and PUT (import, optionally warming the cache).
 
 The ``sim`` engine runs the simulator's performance model in scaled real time
-with synthetic tokens, for scale tests and benchmarks without a model. The
-``vllm`` engine is not built yet.
+with synthetic tokens, for scale tests and benchmarks without a model; the
+``vllm`` engine runs vLLM in process (the ``vllm`` extra).
 """
 
 from ._app import WorkerState, create_app
@@ -25,6 +25,7 @@ from ._schemas import (
 )
 from ._server import serve
 from ._sim_engine import SimulatedEngine
+from ._vllm_engine import VLLMConfig, VLLMEngine
 
 __all__ = [
     "ChatMessage",
@@ -42,6 +43,8 @@ __all__ = [
     "StateResponse",
     "StepOutput",
     "Timings",
+    "VLLMConfig",
+    "VLLMEngine",
     "WorkerState",
     "create_app",
     "serve",

