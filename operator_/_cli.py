@@ -18,7 +18,7 @@ from heddle.exceptions import HeddleError
 
 __all__ = ["main"]
 
-BENCH_TARGETS = ("rollout", "placement", "shape", "predictor")
+BENCH_TARGETS = ("rollout", "placement", "shape", "predictor", "worker")
 DEFAULT_POLICIES = "heddle,verl,verl-star,slime"
 
 
@@ -131,6 +131,23 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
         _print_shape(result)
+    elif args.target == "worker":
+        from heddle.exceptions import ConfigError
+
+        from ._worker_bench import bench_worker
+
+        if not args.model:
+            raise ConfigError("bench worker needs --model (e.g. one from: heddle model tiny DIR)")
+        result = bench_worker(
+            model=args.model,
+            concurrency=args.concurrency,
+            tokens=args.max_tokens,
+            rounds=max(1, min(args.repeats, 9)),
+        )
+        print(f"worker API vs vLLM generate, {result['concurrency']} concurrent trajectories:")
+        print(f"  vLLM generate  {result['median_direct_tokens_per_s']:9.1f} tokens/s (median)")
+        print(f"  worker API     {result['median_api_tokens_per_s']:9.1f} tokens/s (median)")
+        print(f"  overhead       {100 * result['overhead']:8.1f} %")
     elif args.target == "predictor":
         workloads = tuple(args.workloads.split(","))
         result = mb.bench_predictor(workloads=workloads, seed=args.seed)
@@ -263,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="simulate a rollout under several policies, or benchmark a component",
         description="rollout (default): simulate the workload on the cluster under each "
         "policy and compare (results.json, rollout.png); placement: DP timing; "
-        "shape: TP-mix search timing; predictor: Pearson and tail recall after step 1, 2, 4.",
+        "shape: TP-mix search timing; predictor: Pearson and tail recall after step 1, 2, 4; "
+        "worker: tokens/s through the worker API against vLLM's own generate.",
     )
     p_bench.add_argument(
         "target", nargs="?", default="rollout", choices=BENCH_TARGETS, help="what to benchmark"
@@ -282,6 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompts", type=int, default=None, help="override the workload's prompt count"
     )
     p_bench.add_argument("--quiet", action="store_true", help="no progress bar")
+    p_bench.add_argument("--model", default=None, help="for 'worker': a model directory")
+    p_bench.add_argument("--concurrency", type=int, default=32, help="for 'worker'")
+    p_bench.add_argument("--max-tokens", type=int, default=256, help="for 'worker': per step")
     p_bench.add_argument("--workload", default="coding", help="preset name or YAML file")
     p_bench.add_argument(
         "--workloads", default="coding,search,math", help="comma-separated, for 'predictor'"

@@ -187,6 +187,29 @@ def test_an_overlong_context_is_refused_before_it_reaches_vllm(workers: tuple[st
     assert answer.status_code == 400 and "max length 2048" in answer.json()["error"]
 
 
+def test_a_tp2_worker_starts_and_serves(tmp_path: Path) -> None:
+    """Reshaping moves trajectories between TP degrees: TP=2 must work (one core per rank)."""
+    from heddle.worker._tiny_model import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "model")
+    port = free_port()
+    proc = start_worker(model, port, "--tp", "2")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(proc, url)
+        out = generate(
+            url, "tp2", {"append_token_ids": list(range(40, 80)), "sampling": sampling(8)}
+        )
+        assert len(out["token_ids"]) == 8  # type: ignore[arg-type]
+        assert httpx.get(f"{url}/v1/state", timeout=5).json()["tp"] == 2
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def test_tiny_model_is_written_without_downloading(tmp_path: Path) -> None:
     from heddle.worker._tiny_model import write_tiny_model
 
