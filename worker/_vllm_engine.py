@@ -51,6 +51,8 @@ class VLLMEngine(Engine):
         self._aborted: set[str] = set()
         self._failed: str | None = None
         self.generated_tokens = 0
+        # Latest scheduler figures vLLM reported (running, waiting, KV usage).
+        self._scheduler: dict[str, float] = {"running": 0, "waiting": 0, "kv_usage": 0.0}
 
     @property
     def ready(self) -> bool:
@@ -83,8 +85,31 @@ class VLLMEngine(Engine):
             scheduling_policy="priority",
             **extra,
         )
-        self._llm = AsyncLLM.from_engine_args(args)
+        self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._stat_logger_factory()])
         self._tokenizer = self._llm.tokenizer
+
+    def _stat_logger_factory(self) -> Any:
+        """A vLLM stat logger that copies the scheduler's figures into this engine."""
+        from vllm.v1.metrics.loggers import StatLoggerBase  # noqa: PLC0415
+
+        figures = self._scheduler
+
+        class _Capture(StatLoggerBase):  # type: ignore[misc]
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                pass
+
+            def record(
+                self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kwargs: Any
+            ) -> None:
+                if scheduler_stats is not None:
+                    figures["running"] = scheduler_stats.num_running_reqs
+                    figures["waiting"] = scheduler_stats.num_waiting_reqs
+                    figures["kv_usage"] = scheduler_stats.kv_cache_usage
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return _Capture
 
     async def shutdown(self) -> None:
         if self._llm is not None:
@@ -169,10 +194,12 @@ class VLLMEngine(Engine):
         """vLLM evicts cached blocks by LRU on its own; nothing to free explicitly."""
 
     def stats(self) -> EngineStats:
+        # vLLM reports after each engine step; between steps the in-flight count is fresher.
+        idle = not self._in_flight
         return EngineStats(
-            running=len(self._in_flight),
-            waiting=0,
-            kv_usage=0.0,
+            running=0 if idle else int(self._scheduler["running"]),
+            waiting=0 if idle else int(self._scheduler["waiting"]),
+            kv_usage=float(self._scheduler["kv_usage"]),
             generated_tokens=self.generated_tokens,
         )
 

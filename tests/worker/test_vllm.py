@@ -164,7 +164,9 @@ def test_priority_orders_steps_waiting_for_the_single_batch_slot(workers: tuple[
             assert time.monotonic() < deadline
             time.sleep(0.01)
         low = pool.submit(run, "low", 50, 4)
-        time.sleep(0.3)
+        while httpx.get(f"{url}/v1/state", timeout=5).json()["waiting"] < 1:  # vLLM's own count
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         high = pool.submit(run, "high", -50, 4)
         for f in (blocker, low, high):
             f.result()
