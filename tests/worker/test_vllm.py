@@ -5,6 +5,7 @@ Skipped only when vLLM is not installed; `.ci/run` installs it, so CI runs these
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +19,8 @@ import pytest
 from .test_process import free_port
 
 pytest.importorskip("vllm", reason="the vllm extra is not installed (pip install -e '.[vllm]')")
+
+_PROCESSES: dict[str, subprocess.Popen[str]] = {}  # url -> worker process, for the SIGTERM test
 
 
 def start_worker(model: Path, port: int, *extra: str) -> subprocess.Popen[str]:
@@ -39,6 +42,8 @@ def start_worker(model: Path, port: int, *extra: str) -> subprocess.Popen[str]:
             "32",
             "--kv-cache-gib",
             "1",
+            "--grace",
+            "2",
             *extra,
         ],
         stdout=subprocess.PIPE,
@@ -71,6 +76,7 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str
     ports = free_port(), free_port()
     procs = [start_worker(model, ports[0]), start_worker(model, ports[1], "--max-num-seqs", "1")]
     urls = tuple(f"http://127.0.0.1:{p}" for p in ports)
+    _PROCESSES.update(zip(urls, procs, strict=True))
     try:
         for proc, url in zip(procs, urls, strict=True):
             wait_ready(proc, url)
@@ -187,6 +193,26 @@ def test_an_overlong_context_is_refused_before_it_reaches_vllm(workers: tuple[st
         f"{url}/v1/trajectories/long/generate", json={"append_token_ids": [1] * 3000}, timeout=10
     )
     assert answer.status_code == 400 and "max length 2048" in answer.json()["error"]
+
+
+def test_sigterm_aborts_a_long_vllm_step_and_exits(workers: tuple[str, str]) -> None:
+    """Runs last of the tests on the shared workers: it stops the second one."""
+    _, url = workers
+    proc = _PROCESSES[url]
+    body = {"append_token_ids": list(range(30, 60)), "sampling": sampling(1900)}
+    with ThreadPoolExecutor(1) as pool:
+        long = pool.submit(
+            httpx.post, f"{url}/v1/trajectories/sig/generate", json=body, timeout=120
+        )
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{url}/v1/state", timeout=5).json()["running"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        answer = long.result()
+    assert answer.status_code == 503
+    assert "aborted this step" in answer.json()["error"]
+    assert proc.wait(timeout=90) == 0
 
 
 def test_a_tp2_worker_starts_and_serves(tmp_path: Path) -> None:
