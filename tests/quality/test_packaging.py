@@ -21,8 +21,12 @@ def test_dockerfile_passes_hadolint() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_worker_image_copies_every_package_folder() -> None:
+def test_every_image_copies_every_package_folder_and_runs_as_non_root() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     folders = set(config["tool"]["setuptools"]["package-dir"].values())
-    copied = set(re.findall(r"^COPY (\S+) \./", (ROOT / "Dockerfile").read_text(), re.M))
-    assert folders <= copied, f"Dockerfile misses {sorted(folders - copied)}"
+    stages = re.split(r"^FROM ", (ROOT / "Dockerfile").read_text(), flags=re.M)[1:]
+    assert {s.split()[2] for s in stages} == {"worker", "operator"}
+    for stage in stages:
+        copied = set(re.findall(r"^COPY (\S+) \./", stage, re.M))
+        assert folders <= copied, f"{stage.split()[2]} misses {sorted(folders - copied)}"
+        assert re.search(r"^USER 10001$", stage, re.M), f"{stage.split()[2]} runs as root"
