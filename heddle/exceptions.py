@@ -10,6 +10,12 @@ __all__ = [
     "ConfigError",
     "HeddleError",
     "InfeasibleError",
+    "ManifestError",
+    "TaskError",
+    "ToolError",
+    "WorkerError",
+    "WorkerRejectedError",
+    "WorkerUnavailableError",
     "WorkloadError",
 ]
 
@@ -32,3 +38,37 @@ class WorkloadError(ConfigError):
 
 class InfeasibleError(HeddleError):
     """No plan satisfies the constraints (e.g. no TP mix fits the GPU budget)."""
+
+
+class ManifestError(ConfigError):
+    """A RolloutJob or EnginePool manifest is invalid (names the field, quotes the value)."""
+
+
+class TaskError(ConfigError):
+    """One task (a JSONL line or an inline entry) is malformed; the rest of the set goes on."""
+
+    def __init__(self, where: str, message: str) -> None:
+        super().__init__(f"{where}: {message}")
+        self.where = where
+        self.reason = message
+
+
+class WorkerError(HeddleError):
+    """A worker did not complete a request."""
+
+    def __init__(self, worker: str, message: str, status: int | None = None) -> None:
+        super().__init__(f"worker {worker}: {message}")
+        self.worker = worker
+        self.status = status
+
+
+class WorkerUnavailableError(WorkerError):
+    """The worker is down, draining, overloaded or silent; the step can go to another one."""
+
+
+class WorkerRejectedError(WorkerError):
+    """The worker refused the request itself (4xx); sending it elsewhere would not help."""
+
+
+class ToolError(HeddleError):
+    """A tool call failed after its retries (timeout, connection, status, or a garbled reply)."""

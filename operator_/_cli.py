@@ -16,6 +16,8 @@ from typing import Any
 from heddle import __version__
 from heddle.exceptions import HeddleError
 
+from ._cli_run import add_run_parser
+
 __all__ = ["main"]
 
 BENCH_TARGETS = ("rollout", "placement", "shape", "predictor", "worker")
@@ -196,6 +198,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         time_scale=args.time_scale,
         seed=args.seed,
+        scripted_replies=args.scripted_replies,
     )
     serve(engine, host=args.host, port=args.port, grace_s=args.grace)
     return 0
@@ -227,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_version = sub.add_parser("version", help="print the version")
     p_version.set_defaults(func=_cmd_version)
 
+    add_run_parser(sub)
+
     p_worker = sub.add_parser(
         "worker",
         help="serve one engine behind the worker HTTP API",
@@ -256,6 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="sim: wall seconds per simulated second (0: as fast as possible)",
     )
     p_worker.add_argument("--seed", type=int, default=0)
+    p_worker.add_argument(
+        "--scripted-replies",
+        action="store_true",
+        help="sim: answer turn k with the k-th <reply>...</reply> block of the context (tests)",
+    )
     p_worker.add_argument("--block-size", type=int, default=None, help="vllm: KV block size")
     p_worker.add_argument("--max-num-seqs", type=int, default=100, help="vllm: batch cap")
     p_worker.add_argument(

@@ -229,6 +229,7 @@ def create_app(engine: Engine, *, grace_s: float = 30.0) -> FastAPI:
         state.recent.append((time.monotonic(), len(output.token_ids)))
         return GenerateResponse(
             trajectory_id=trajectory_id,
+            appended_token_ids=appended,
             token_ids=output.token_ids,
             text=engine.decode(output.token_ids),
             finish_reason=output.finish_reason,

@@ -64,6 +64,9 @@ class Timings(_Strict):
 
 class GenerateResponse(_Strict):
     trajectory_id: str
+    appended_token_ids: list[int] = Field(
+        default_factory=list, description="the tokens this request appended before generating"
+    )
     token_ids: list[int]
     text: str
     finish_reason: str

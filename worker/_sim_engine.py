@@ -6,7 +6,10 @@ each batch segment takes, times ``time_scale``. Tokens are synthetic: lower-case
 letters and spaces, so the text is readable and round-trips through the byte
 tokenizer. A step always generates ``max_tokens`` tokens (``finish_reason``
 "length"), which is how the synthetic environment scripts turn lengths.
-For scale tests and benchmarks without a model; never a stand-in for vLLM's
+With ``scripted_replies`` a prompt may carry the model's answers itself:
+``<reply>...</reply>`` blocks in the context, the k-th answering the k-th
+assistant turn (finish reason "stop"); this is how tool-call loops are tested
+without a trained model. For scale tests and benchmarks without a model; never a stand-in for vLLM's
 outputs.
 """
 
@@ -18,6 +21,7 @@ import heapq
 import itertools
 import math
 import random
+import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -29,6 +33,8 @@ from ._engine import Engine, EngineError, EngineStats, Sampling, StepOutput
 __all__ = ["SimulatedEngine"]
 
 _ALPHABET = [32, *range(97, 123)]  # space and a-z as byte-token ids
+_REPLY = re.compile(r"<reply>(.*?)</reply>", re.DOTALL)
+_ASSISTANT_TURN = "<|assistant|>\n"
 
 
 @dataclass(eq=False)
@@ -43,6 +49,7 @@ class _Request:
     admitted: float = 0.0
     prefill_s: float = 0.0
     tokens: list[int] = field(default_factory=list)
+    script: list[int] | None = None  # scripted reply tokens, if any
 
 
 class SimulatedEngine(Engine):
@@ -60,6 +67,7 @@ class SimulatedEngine(Engine):
         time_scale: float = 1.0,
         load_s: float = 0.0,
         seed: int = 0,
+        scripted_replies: bool = False,
     ) -> None:
         if time_scale < 0:
             raise ValueError(f"time_scale={time_scale} must be >= 0")
@@ -69,6 +77,7 @@ class SimulatedEngine(Engine):
         self.max_model_len = max_model_len
         self.time_scale = time_scale
         self.load_s = load_s
+        self.scripted_replies = scripted_replies
         self.instance = perf.instance(f"sim-tp{tp}", tp)
         self._rng = random.Random(seed)
         self._waiting: list[tuple[int, int, _Request]] = []
@@ -123,9 +132,21 @@ class SimulatedEngine(Engine):
             loop.create_future(),
             time.monotonic(),
         )
+        if self.scripted_replies:
+            req.script = self._scripted(context, sampling.max_tokens)
+            if req.script is not None:
+                req.remaining = max(1, len(req.script))
         heapq.heappush(self._waiting, (priority, next(self._seq), req))
         self._wake.set()
         return await req.future
+
+    def _scripted(self, context: list[int], max_tokens: int) -> list[int] | None:
+        text = self.decode(context)
+        replies = _REPLY.findall(text)
+        turn = text.count(_ASSISTANT_TURN) - 1
+        if not 0 <= turn < len(replies):
+            return None
+        return self.encode(replies[turn])[:max_tokens]
 
     async def warm(self, trajectory_id: str, context: list[int]) -> None:
         cached = self._cache.get(trajectory_id, 0)
@@ -200,7 +221,10 @@ class SimulatedEngine(Engine):
 
     def _credit(self, iterations: int) -> None:
         for req in self._running:
-            req.tokens.extend(self._rng.choice(_ALPHABET) for _ in range(iterations))
+            if req.script is not None:
+                req.tokens.extend(req.script[len(req.tokens) : len(req.tokens) + iterations])
+            else:
+                req.tokens.extend(self._rng.choice(_ALPHABET) for _ in range(iterations))
             req.remaining -= iterations
         self.generated_tokens += iterations * len(self._running)
         still: list[_Request] = []
@@ -211,7 +235,8 @@ class SimulatedEngine(Engine):
             self._cache[req.trajectory_id] = req.context + len(req.tokens)
             self._cache.move_to_end(req.trajectory_id)
             if not req.future.done():
-                req.future.set_result(self._output(req, "length"))
+                finished = req.script is not None and len(req.tokens) == len(req.script)
+                req.future.set_result(self._output(req, "stop" if finished else "length"))
         self._running = still
 
     async def _loop(self) -> None:

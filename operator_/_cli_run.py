@@ -1,0 +1,121 @@
+"""``heddle run JOB.yaml``: the command line of local mode (docs/cli.md)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from heddle.exceptions import ConfigError
+
+__all__ = ["add_run_parser"]
+
+TINY = "tiny"
+
+
+def _model_dir(pool_model: str, override: str | None) -> str:
+    """The model the local vLLM workers load; ``tiny`` is generated on first use."""
+    model = override or pool_model
+    if model != TINY:
+        if not Path(model).exists():
+            raise ConfigError(
+                f"model {model!r} is not a local directory; local mode runs vLLM's CPU build on "
+                "a model on disk: use 'model: tiny' in the pool, --model DIR, or --engine sim"
+            )
+        return model
+    path = Path(".heddle/models/tiny")
+    if not (path / "config.json").exists():
+        try:
+            from heddle.worker._tiny_model import write_tiny_model  # noqa: PLC0415
+        except ImportError as exc:  # pragma: no cover - the light install
+            raise ConfigError(
+                "the tiny model needs the vllm extra: pip install -e '.[vllm]'"
+            ) from exc
+        print(f"heddle: writing the tiny random-weight model to {path}", file=sys.stderr)
+        write_tiny_model(path)
+    return str(path)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from ._local import LocalWorkerOptions  # noqa: PLC0415
+    from ._run import ProgressPrinter, prepare_job, run_local  # noqa: PLC0415
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    local = prepare_job(Path(args.job), Path(args.pool) if args.pool else None, args.job_name)
+    if args.policy:
+        from heddle.scheduler import get_policy  # noqa: PLC0415
+
+        get_policy(args.policy)
+        local.job = dataclasses.replace(local.job, policy=args.policy)
+    if args.output:
+        local.output = Path(args.output)
+    model = None
+    if args.engine == "vllm":
+        model = _model_dir(local.pool.model, args.model)
+    options = LocalWorkerOptions(
+        engine=args.engine,
+        model=model,
+        max_model_len=min(local.pool.vllm.max_model_len, args.max_model_len),
+        time_scale=args.time_scale,
+        scripted_replies=args.scripted_replies,
+        log_dir=local.output.parent / "logs",
+    )
+    printer = ProgressPrinter(local.job.name) if not args.quiet else None
+    try:
+        summary, _ = asyncio.run(run_local(local, options, on_progress=printer))
+    finally:
+        if printer is not None:
+            printer.close()
+    _print_summary(summary)
+    if args.plot:
+        from ._report import plot_rollout  # noqa: PLC0415
+
+        path = plot_rollout(local.output, local.output.with_suffix(".png"))
+        print(f"plot: {path}")
+    return 0 if summary["progress"]["failed"] == 0 else 1
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    p = s["progress"]
+    print(
+        f"{s['job']}: {p['done']} done, {p['failed']} failed of {p['total']} trajectories "
+        f"({p['resumed']} already in the output) in {p['elapsed_s']:.1f} s on "
+        f"{s['pool']['shape']} ({s['pool']['engine']}), policy {s['policy']}"
+    )
+    print(
+        f"  {p['tokens']:,} tokens generated, {s['tokens_per_s_overall']:,.0f} tok/s; "
+        f"{s['steps']} steps, {s['migrations']} migrations, {s['recomputes']} recomputes, "
+        f"{s['worker_failures']} worker failures"
+    )
+    for error in s["malformed_tasks"][:5]:
+        print(f"  skipped task: {error}")
+    for failure in s["failures"][:5]:
+        print(f"  failed: {failure}")
+    print(f"output: {s['output']} (summary: {s['output']}.summary.json)")
+    sys.stdout.flush()
+
+
+def add_run_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run a RolloutJob on local workers (no cluster)",
+        description="Local mode: start workers for the EnginePool's shape, run the RolloutJob, "
+        "write its JSONL output and a summary, stop the workers (docs/cli.md).",
+    )
+    p.add_argument("job", help="YAML file with the RolloutJob (and optionally its EnginePool)")
+    p.add_argument("--pool", default=None, help="YAML file with the EnginePool")
+    p.add_argument("--job-name", default=None, help="which RolloutJob, if the file holds several")
+    p.add_argument("--engine", choices=("vllm", "sim"), default="vllm", help="local engine")
+    p.add_argument("--model", default=None, help="vllm: a model directory (default: the pool's)")
+    p.add_argument("--max-model-len", type=int, default=4096, help="vllm: context cap per worker")
+    p.add_argument("--time-scale", type=float, default=1.0, help="sim: scale the model's times")
+    p.add_argument("--scripted-replies", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--policy", default=None, help="override spec.scheduling.policy (A/B runs)")
+    p.add_argument("--output", default=None, help="override spec.output.path")
+    p.add_argument("--plot", action="store_true", help="also write a PNG next to the output")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.set_defaults(func=_cmd_run)

@@ -1,0 +1,338 @@
+"""EnginePool and RolloutJob manifests as frozen, validated dataclasses.
+
+The same parser serves ``heddle run`` (local files) and the operator (objects
+from the API server), so a manifest means the same thing in both. Field names
+follow the CRDs (camelCase in YAML, snake_case here); docs/resources.md
+documents each one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from heddle.exceptions import ConfigError, ManifestError
+from heddle.scheduler import POLICIES, PoolShape, check_tp_sizes
+
+from ._fields import Fields
+
+__all__ = [
+    "API_VERSION",
+    "EnginePoolSpec",
+    "EnvironmentSpec",
+    "RolloutJobSpec",
+    "SamplingSpec",
+    "SyntheticSpec",
+    "ToolEndpointSpec",
+    "ToolsSpec",
+    "load_manifests",
+]
+
+API_VERSION = "heddle.dev/v1alpha1"
+TOOL_PARSERS = ("hermes",)
+ON_TOOL_ERROR = ("message", "fail")
+
+
+def _metadata(doc: Mapping[str, Any], kind: str) -> tuple[str, str]:
+    meta = Fields(doc.get("metadata"), f"{kind}.metadata")
+    name = meta.string("name", required=True)
+    return name, meta.string("namespace", "default")
+
+
+@dataclass(frozen=True)
+class VLLMSpec:
+    """vLLM knobs of every engine in the pool."""
+
+    max_model_len: int = 8192  # tokens of context per trajectory at most
+    gpu_memory_utilization: float = 0.9  # share of GPU memory for weights + KV cache
+    extra_args: tuple[str, ...] = ()  # passed to the worker's vLLM engine verbatim
+
+
+@dataclass(frozen=True)
+class EnginePoolSpec:
+    """A GPU budget running one model; ``shape`` None means ``auto``."""
+
+    name: str
+    namespace: str
+    model: str
+    image: str
+    gpus: int
+    gpus_per_node: int
+    tensor_parallel_sizes: tuple[int, ...]
+    shape: PoolShape | None
+    vllm: VLLMSpec
+    pod: Mapping[str, Any] = field(default_factory=dict)  # resources, nodeSelector, ...
+
+    @classmethod
+    def from_manifest(cls, doc: Mapping[str, Any]) -> EnginePoolSpec:
+        name, namespace = _metadata(doc, "EnginePool")
+        f = Fields(doc.get("spec"), f"EnginePool {name!r} spec")
+        gpus = f.integer("gpus", minimum=1)
+        per_node = f.integer("gpusPerNode", 8, minimum=1)
+        raw_sizes = f.listing("tensorParallelSizes") or [1, 2, 4, 8]
+        try:
+            sizes = check_tp_sizes(raw_sizes, per_node)
+        except ConfigError as exc:
+            raise ManifestError(f"{f.where('tensorParallelSizes')}: {exc}") from exc
+        shape = _shape(f, sizes, gpus)
+        v = f.sub("vllm")
+        vllm = VLLMSpec(
+            max_model_len=v.integer("maxModelLen", 8192, minimum=16),
+            gpu_memory_utilization=v.number(
+                "gpuMemoryUtilization", 0.9, minimum=0.0, maximum=1.0, exclusive_minimum=True
+            ),
+            extra_args=tuple(str(a) for a in v.listing("extraArgs")),
+        )
+        v.done()
+        pod = {k: f.raw(k) for k in ("resources", "nodeSelector", "tolerations", "volumes")}
+        pod["volumeMounts"] = f.raw("volumeMounts")
+        spec = cls(
+            name=name,
+            namespace=namespace,
+            model=f.string("model", required=True),
+            image=f.string("image", "ghcr.io/heddle-dev/heddle-worker:latest"),
+            gpus=gpus,
+            gpus_per_node=per_node,
+            tensor_parallel_sizes=sizes,
+            shape=shape,
+            vllm=vllm,
+            pod={k: v for k, v in pod.items() if v is not None},
+        )
+        f.done()
+        return spec
+
+
+def _shape(f: Fields, sizes: tuple[int, ...], gpus: int) -> PoolShape | None:
+    raw = f.raw("shape", "auto")
+    if raw == "auto":
+        return None
+    where = f.where("shape")
+    if not isinstance(raw, list) or not raw:
+        raise ManifestError(f"{where}={raw!r} must be 'auto' or a list of {{tp, replicas}}")
+    counts: dict[int, int] = {}
+    for i, entry in enumerate(raw):
+        e = Fields(entry, f"{where}[{i}]")
+        tp = e.integer("tp", minimum=1)
+        if tp not in sizes:
+            raise ManifestError(f"{e.where('tp')}={tp} is not in tensorParallelSizes {list(sizes)}")
+        counts[tp] = counts.get(tp, 0) + e.integer("replicas", 1, minimum=1)
+        e.done()
+    shape = PoolShape.of(counts)
+    if shape.gpus > gpus:
+        raise ManifestError(
+            f"{where} uses {shape.gpus} GPUs but spec.gpus={gpus}; lower the replicas or raise gpus"
+        )
+    return shape
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens_per_turn: int = 1024  # output tokens of one LLM step at most
+    max_total_tokens: int = 8192  # output tokens of a whole trajectory at most
+    logprobs: bool = False  # record the sampled tokens' logprobs in the output
+    seed: int | None = None  # per-trajectory seeds derive from it when set
+
+
+@dataclass(frozen=True)
+class ToolEndpointSpec:
+    """An HTTP tool: POST ``url`` with ``{"name", "arguments", "trajectory_id"}``."""
+
+    name: str
+    url: str
+    timeout_s: float = 30.0
+    retries: int = 2  # extra attempts after the first
+
+
+@dataclass(frozen=True)
+class ToolsSpec:
+    parser: str = "hermes"
+    endpoints: tuple[ToolEndpointSpec, ...] = ()
+    on_error: str = "message"  # 'message': tell the model; 'fail': end the trajectory
+    max_reply_chars: int = 16_384  # longer tool replies are cut (and say so)
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    """Turn lengths and tool latencies drawn from a simulator workload."""
+
+    workload: str | Mapping[str, Any]  # preset name, YAML path, or an inline workload
+    seed: int = 0
+    tool_time_scale: float = 1.0  # multiplies every scripted tool latency
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    type: str
+    tools: ToolsSpec | None = None
+    synthetic: SyntheticSpec | None = None
+
+
+def _environment(f: Fields) -> EnvironmentSpec:
+    kind = f.choice("type", ("tools", "synthetic"), "tools")
+    if kind == "tools":
+        t = f.sub("tools")
+        endpoints = []
+        for i, raw in enumerate(t.listing("endpoints")):
+            e = Fields(raw, f"{t.where('endpoints')}[{i}]")
+            url = e.string("url", required=True)
+            if not url.startswith(("http://", "https://")):
+                raise ManifestError(f"{e.where('url')}={url!r} must start with http:// or https://")
+            endpoints.append(
+                ToolEndpointSpec(
+                    name=e.string("name", required=True),
+                    url=url,
+                    timeout_s=e.number("timeoutSeconds", 30.0, exclusive_minimum=True),
+                    retries=e.integer("retries", 2),
+                )
+            )
+            e.done()
+        names = [e.name for e in endpoints]
+        if len(set(names)) != len(names):
+            raise ManifestError(f"{t.where('endpoints')}: tool names {names} must be unique")
+        tools = ToolsSpec(
+            parser=t.choice("parser", TOOL_PARSERS, "hermes"),
+            endpoints=tuple(endpoints),
+            on_error=t.choice("onError", ON_TOOL_ERROR, "message"),
+            max_reply_chars=t.integer("maxReplyChars", 16_384, minimum=1),
+        )
+        t.done()
+        f.raw("synthetic")
+        return EnvironmentSpec("tools", tools=tools)
+    s = f.sub("synthetic")
+    workload = s.required("workload")
+    if not isinstance(workload, str | Mapping):
+        raise ManifestError(f"{s.where('workload')}={workload!r}: give a preset, a path or a map")
+    synthetic = SyntheticSpec(
+        workload=workload,
+        seed=s.integer("seed", 0),
+        tool_time_scale=s.number("toolTimeScale", 1.0),
+    )
+    s.done()
+    f.raw("tools")
+    return EnvironmentSpec("synthetic", synthetic=synthetic)
+
+
+@dataclass(frozen=True)
+class TasksSpec:
+    """Exactly one source of tasks, or none (a synthetic environment draws its own)."""
+
+    inline: tuple[Any, ...] | None = None
+    path: str | None = None
+    config_map: tuple[str, str] | None = None  # (name, key); the operator resolves it
+
+
+@dataclass(frozen=True)
+class RolloutJobSpec:
+    name: str
+    namespace: str
+    engine_pool: str
+    tasks: TasksSpec
+    samples_per_task: int
+    sampling: SamplingSpec
+    environment: EnvironmentSpec
+    max_turns: int
+    policy: str
+    replan_interval_s: float
+    output_path: str
+    deadline_s: float | None
+
+    @classmethod
+    def from_manifest(cls, doc: Mapping[str, Any]) -> RolloutJobSpec:
+        name, namespace = _metadata(doc, "RolloutJob")
+        f = Fields(doc.get("spec"), f"RolloutJob {name!r} spec")
+        environment = _environment(f.sub("environment"))
+        tasks = _tasks(f.sub("tasks"), environment)
+        s = f.sub("sampling")
+        sampling = SamplingSpec(
+            temperature=s.number("temperature", 1.0),
+            top_p=s.number("topP", 1.0, maximum=1.0, exclusive_minimum=True),
+            max_tokens_per_turn=s.integer("maxTokensPerTurn", 1024, minimum=1),
+            max_total_tokens=s.integer("maxTotalTokens", 8192, minimum=1),
+            logprobs=s.boolean("logprobs", False),
+            seed=s.integer("seed") if s.has("seed") else s.raw("seed"),
+        )
+        s.done()
+        g = f.sub("scheduling")
+        policy = g.string("policy", "heddle")
+        if policy not in POLICIES or policy == "heddle-oracle":
+            valid = sorted(p for p in POLICIES if p != "heddle-oracle")
+            raise ManifestError(f"{g.where('policy')}={policy!r}; choose one of {valid}")
+        replan = g.number("replanIntervalSeconds", 2.0, exclusive_minimum=True)
+        g.done()
+        o = f.sub("output")
+        output_path = o.string("path", required=True)
+        o.done()
+        deadline = (
+            f.number("deadlineSeconds", exclusive_minimum=True)
+            if f.has("deadlineSeconds")
+            else f.raw("deadlineSeconds")
+        )
+        spec = cls(
+            name=name,
+            namespace=namespace,
+            engine_pool=f.string("enginePool", required=True),
+            tasks=tasks,
+            samples_per_task=f.integer("samplesPerTask", 1, minimum=1),
+            sampling=sampling,
+            environment=environment,
+            max_turns=f.integer("maxTurns", 8, minimum=1),
+            policy=policy,
+            replan_interval_s=replan,
+            output_path=output_path,
+            deadline_s=deadline,
+        )
+        f.done()
+        return spec
+
+
+def _tasks(t: Fields, environment: EnvironmentSpec) -> TasksSpec:
+    sources = [k for k in ("inline", "path", "configMap") if t.has(k)]
+    if len(sources) > 1:
+        raise ManifestError(f"{t.path}: give one of inline, path or configMap, not {sources}")
+    if not sources and environment.type != "synthetic":
+        raise ManifestError(
+            f"{t.path}: give tasks (inline: [...], path: tasks.jsonl or configMap: "
+            "{name, key}); only a synthetic environment can go without"
+        )
+    spec = TasksSpec()
+    if t.has("inline"):
+        spec = TasksSpec(inline=tuple(t.listing("inline")))
+    elif t.has("path"):
+        spec = TasksSpec(path=t.string("path"))
+    elif t.has("configMap"):
+        c = t.sub("configMap")
+        spec = TasksSpec(
+            config_map=(c.string("name", required=True), c.string("key", "tasks.jsonl"))
+        )
+        c.done()
+    t.done()
+    return spec
+
+
+def load_manifests(path: Path) -> list[dict[str, Any]]:
+    """Every document of a YAML file, each checked for apiVersion and kind."""
+    try:
+        docs = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d is not None]
+    except OSError as exc:
+        raise ManifestError(f"cannot read {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"{path} is not valid YAML: {exc}") from exc
+    for i, doc in enumerate(docs):
+        if not isinstance(doc, dict):
+            raise ManifestError(f"{path} document {i + 1} is not a mapping")
+        if doc.get("apiVersion") != API_VERSION:
+            raise ManifestError(
+                f"{path} document {i + 1}: apiVersion={doc.get('apiVersion')!r}; "
+                f"use {API_VERSION!r}"
+            )
+        if doc.get("kind") not in ("EnginePool", "RolloutJob"):
+            raise ManifestError(
+                f"{path} document {i + 1}: kind={doc.get('kind')!r}; use EnginePool or RolloutJob"
+            )
+    return docs

@@ -1,0 +1,260 @@
+"""``heddle run``: a RolloutJob on local workers, no cluster needed.
+
+Reads the same manifests a user would ``kubectl apply``: the RolloutJob, and
+its EnginePool from ``--pool`` or from the job's own file. Relative paths in
+the job (tasks, output, a workload file) resolve against the job file's
+folder. ``model: tiny`` in the pool means the random-weight model that
+``heddle model tiny`` writes (generated once into ``.heddle/models/tiny``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from heddle.exceptions import ManifestError
+from heddle.scheduler import (
+    HARDWARE_PRESETS,
+    MODEL_PRESETS,
+    AnnealingShapePlanner,
+    PerfModel,
+    PoolShape,
+    ShapeConfig,
+    WorkloadSpec,
+    get_policy,
+    make_predictor,
+)
+
+from ._environments import Environment, SyntheticEnvironment, synthetic_tasks
+from ._local import LocalPool, LocalWorkerOptions
+from ._manifests import EnginePoolSpec, RolloutJobSpec, load_manifests
+from ._output import OutputSink
+from ._presets import WORKLOAD_PRESETS, load_workload
+from ._progress import Progress
+from ._session import RolloutSession, SessionConfig, SessionResult
+from ._tasks import TaskSet, read_tasks
+from ._tools import ToolsEnvironment
+
+__all__ = ["LocalJob", "ProgressPrinter", "perf_model_for", "prepare_job", "run_local"]
+
+log = logging.getLogger("heddle.run")
+
+
+@dataclass
+class LocalJob:
+    job: RolloutJobSpec
+    pool: EnginePoolSpec
+    tasks: TaskSet
+    workload: WorkloadSpec | None
+    output: Path
+    base_dir: Path
+
+
+def _pick(
+    docs: Sequence[Mapping[str, Any]], kind: str, name: str | None, source: str
+) -> Mapping[str, Any]:
+    found = [d for d in docs if d.get("kind") == kind]
+    if name is not None:
+        found = [d for d in found if (d.get("metadata") or {}).get("name") == name]
+    if len(found) != 1:
+        what = f"{kind} {name!r}" if name else kind
+        raise ManifestError(
+            f"{source}: expected one {what}, found {len(found)}; "
+            + ("pass --pool POOL.yaml" if kind == "EnginePool" else "pass --job NAME")
+        )
+    return found[0]
+
+
+def _workload(spec: RolloutJobSpec, base: Path) -> WorkloadSpec | None:
+    synthetic = spec.environment.synthetic
+    if synthetic is None:
+        return None
+    if isinstance(synthetic.workload, Mapping):
+        return WorkloadSpec.from_dict(
+            dict(synthetic.workload), "spec.environment.synthetic.workload"
+        )
+    name = synthetic.workload
+    if name in WORKLOAD_PRESETS:
+        return load_workload(name)
+    return load_workload(str((base / name) if not Path(name).is_absolute() else Path(name)))
+
+
+def prepare_job(
+    job_path: Path, pool_path: Path | None = None, job_name: str | None = None
+) -> LocalJob:
+    """Parse and resolve everything a local run needs; no processes start here."""
+    docs = load_manifests(job_path)
+    job = RolloutJobSpec.from_manifest(_pick(docs, "RolloutJob", job_name, str(job_path)))
+    pool_docs = load_manifests(pool_path) if pool_path is not None else docs
+    pool = EnginePoolSpec.from_manifest(
+        _pick(pool_docs, "EnginePool", job.engine_pool, str(pool_path or job_path))
+    )
+    base = job_path.parent
+    workload = _workload(job, base)
+    if job.tasks.inline is not None:
+        tasks = read_tasks(inline=job.tasks.inline)
+    elif job.tasks.path is not None:
+        path = Path(job.tasks.path)
+        tasks = read_tasks(path=path if path.is_absolute() else base / path)
+    elif job.tasks.config_map is not None:
+        raise ManifestError(
+            f"RolloutJob {job.name!r}: tasks.configMap needs the operator on a cluster; "
+            "locally, use tasks.path (a JSONL file) or tasks.inline"
+        )
+    else:
+        assert workload is not None  # the manifest parser allows no tasks only for synthetic
+        tasks = TaskSet(
+            synthetic_tasks(
+                workload.prompts,
+                workload,
+                job.environment.synthetic.seed if job.environment.synthetic else 0,
+            ),
+            [],
+        )
+    output = Path(job.output_path)
+    return LocalJob(
+        job, pool, tasks, workload, output if output.is_absolute() else base / output, base
+    )
+
+
+def perf_model_for(pool: EnginePoolSpec) -> PerfModel:
+    """The planner's performance model: the pool's model if it is a preset, else Qwen3-8B."""
+    lowered = pool.model.lower()
+    model = next((m for m in MODEL_PRESETS if m in lowered), "qwen3-8b")
+    return PerfModel(MODEL_PRESETS[model], HARDWARE_PRESETS["h100-sxm"])
+
+
+def plan_shape(local: LocalJob, perf: PerfModel) -> PoolShape:
+    """A pinned shape as given; ``auto`` from the predictor's prior over the job's trajectories."""
+    pool = local.pool
+    if pool.shape is not None:
+        return pool.shape
+    smallest = min(pool.tensor_parallel_sizes)
+    baseline = PoolShape.of({smallest: pool.gpus // smallest})
+    policy = get_policy(local.job.policy)
+    if not policy.adaptive_shape or policy.predictor is None:
+        return baseline
+    predictor = make_predictor(policy.predictor)
+    from heddle.scheduler import Trajectory  # noqa: PLC0415 - only here
+
+    lengths = []
+    for i, task in enumerate(local.tasks.tasks):
+        prompt = max(1, sum(len(m["content"]) // 4 for m in task.messages))
+        for s in range(local.job.samples_per_task):
+            t = Trajectory(f"t{i}-{s}", f"t{i}", prompt)
+            lengths.append(predictor.update(t).remaining_tokens)
+    config = ShapeConfig(
+        gpu_budget=pool.gpus,
+        gpus_per_node=pool.gpus_per_node,
+        tensor_parallel_sizes=pool.tensor_parallel_sizes,
+    )
+    return AnnealingShapePlanner(perf, config).plan(lengths, baseline).shape
+
+
+def build_environment(local: LocalJob) -> Environment:
+    env = local.job.environment
+    if env.type == "synthetic":
+        assert env.synthetic is not None and local.workload is not None
+        return SyntheticEnvironment(
+            local.workload,
+            len(local.tasks.tasks),
+            local.job.samples_per_task,
+            seed=env.synthetic.seed,
+            tool_time_scale=env.synthetic.tool_time_scale,
+            max_turns=local.job.max_turns,
+        )
+    assert env.tools is not None
+    return ToolsEnvironment(env.tools)
+
+
+class ProgressPrinter:
+    """One rewritten line on a terminal; a line every ``every_s`` seconds elsewhere."""
+
+    def __init__(self, label: str, stream: TextIO = sys.stderr, every_s: float = 10.0) -> None:
+        self.label = label
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.every_s = every_s
+        self._last = -every_s
+
+    def __call__(self, p: Progress) -> None:
+        if self.tty:
+            total = max(1, p.total)
+            bar = "#" * int(24 * (p.done + p.failed) / total)
+            self.stream.write(f"\r{self.label} [{bar:<24s}] {p.line()}\x1b[K")
+            self.stream.flush()
+        elif p.elapsed_s - self._last >= self.every_s or p.done + p.failed == p.total:
+            self._last = p.elapsed_s
+            self.stream.write(f"{self.label}: {p.line()}\n")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+
+
+def summary_of(
+    local: LocalJob, shape: PoolShape, result: SessionResult, engine: str
+) -> dict[str, Any]:
+    p = result.progress
+    return {
+        "job": local.job.name,
+        "policy": local.job.policy,
+        "pool": {"name": local.pool.name, "shape": str(shape), "engine": engine},
+        "output": str(local.output),
+        "progress": p.as_dict(),
+        "tokens_per_s_overall": p.tokens / p.elapsed_s if p.elapsed_s > 0 else 0.0,
+        "steps": result.steps,
+        "migrations": result.migrations,
+        "recomputes": result.recomputes,
+        "worker_failures": result.worker_failures,
+        "deadline_hit": result.deadline_hit,
+        "malformed_tasks": [str(e) for e in local.tasks.errors],
+        "failures": result.failures,
+    }
+
+
+async def run_local(
+    local: LocalJob,
+    options: LocalWorkerOptions,
+    *,
+    on_progress: Any = None,
+    session_config: SessionConfig | None = None,
+) -> tuple[dict[str, Any], SessionResult]:
+    """Start the pool, run the session, stop the pool (also on error or cancellation)."""
+    for error in local.tasks.errors:
+        log.warning("skipping a malformed task: %s", error)
+    perf = perf_model_for(local.pool)
+    shape = plan_shape(local, perf)
+    pool = LocalPool(shape.tps(), options)
+    try:
+        workers = await pool.start()
+        session = RolloutSession(
+            job=local.job.name,
+            tasks=local.tasks.tasks,
+            samples_per_task=local.job.samples_per_task,
+            environment=build_environment(local),
+            workers=workers,
+            sink=OutputSink(local.output),
+            perf=perf,
+            sampling=local.job.sampling,
+            max_turns=local.job.max_turns,
+            policy=local.job.policy,
+            deadline_s=local.job.deadline_s,
+            malformed_tasks=len(local.tasks.errors),
+            config=session_config or SessionConfig(replan_interval_s=local.job.replan_interval_s),
+            on_progress=on_progress,
+        )
+        result = await session.run()
+    finally:
+        await asyncio.shield(pool.stop())
+    summary = summary_of(local, shape, result, options.engine)
+    summary_path = local.output.with_name(local.output.name + ".summary.json")
+    summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary, result

@@ -1,0 +1,570 @@
+"""The rollout session: every task sample's agent loop, under one scheduling policy.
+
+One asyncio task per trajectory runs step → environment → step. Before each
+step the predictor re-ranks it (progressive priority goes to vLLM as the
+request priority) and the placement policy picks a worker; a worker that
+does not hold the context gets it by import (recompute from the session's
+token history). Every ``replan_interval_s`` the placement plan is redone and
+trajectories in tool calls migrate (import with ``warm`` on the receiver).
+A worker that fails is marked down; its trajectories recompute elsewhere and
+a health loop brings it back once ``/readyz`` answers. Finished trajectories
+go to the output sink at once; a restarted session skips them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import httpx
+
+from heddle.exceptions import HeddleError, WorkerRejectedError, WorkerUnavailableError
+from heddle.scheduler import (
+    ClusterView,
+    FinishedTrajectory,
+    PerfModel,
+    Trajectory,
+    TrajectoryState,
+    engine_priority,
+    get_policy,
+    make_migration,
+    make_ordering,
+    make_placement,
+    make_predictor,
+)
+
+from ._client import StepReply, WorkerClient, WorkerEndpoint
+from ._environments import Environment
+from ._manifests import SamplingSpec
+from ._output import OutputSink, record_key
+from ._progress import Progress, SessionMetrics, TokenRate
+from ._record import TrajectoryRun
+from ._tasks import Task
+
+__all__ = ["RolloutSession", "SessionConfig", "SessionResult"]
+
+log = logging.getLogger("heddle.session")
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """Knobs of the control loop; times in seconds."""
+
+    replan_interval_s: float = 2.0  # placement re-plan and migration period
+    step_timeout_s: float = 600.0  # one LLM step at most before the worker counts as silent
+    health_interval_s: float = 1.0  # probe period of /readyz
+    unhealthy_after: int = 3  # consecutive failed probes that mark a live worker down
+    no_worker_timeout_s: float = 300.0  # give up when no worker is live for this long
+    progress_interval_s: float = 1.0  # how often on_progress is called
+
+
+@dataclass
+class SessionResult:
+    progress: Progress
+    migrations: int
+    recomputes: int
+    worker_failures: int
+    steps: int
+    deadline_hit: bool = False
+    failures: list[str] = field(default_factory=list)  # first few failure reasons
+
+
+class RolloutSession:
+    """Runs ``tasks × samples_per_task`` trajectories on ``workers``; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        tasks: Sequence[Task],
+        samples_per_task: int,
+        environment: Environment,
+        workers: Sequence[WorkerEndpoint],
+        sink: OutputSink,
+        perf: PerfModel,
+        sampling: SamplingSpec,
+        max_turns: int,
+        policy: str = "heddle",
+        deadline_s: float | None = None,
+        malformed_tasks: int = 0,
+        history: Sequence[FinishedTrajectory] = (),
+        config: SessionConfig | None = None,
+        metrics: SessionMetrics | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> None:
+        if not workers:
+            raise HeddleError("a rollout session needs at least one worker")
+        self.job = job
+        self.tasks = list(tasks)
+        self.samples_per_task = samples_per_task
+        self.environment = environment
+        self.sink = sink
+        self.perf = perf
+        self.sampling = sampling
+        self.max_turns = max_turns
+        self.policy = get_policy(policy)
+        self.deadline_s = deadline_s
+        self.malformed_tasks = malformed_tasks
+        self.config = config or SessionConfig()
+        self.metrics = metrics or SessionMetrics()
+        self.on_progress = on_progress
+        self.ordering = make_ordering(self.policy.ordering)
+        self.placement = make_placement(self.policy.placement)
+        self.migration = make_migration(self.policy.migration, perf)
+        self.predictor = make_predictor(self.policy.predictor) if self.policy.predictor else None
+        if self.predictor is not None and history:
+            self.predictor.seed(history)
+        self._endpoints = {w.name: w for w in workers}
+        self._history = history
+        self.runs: dict[str, TrajectoryRun] = {}
+        self._live: set[str] = set(self._endpoints)
+        self._draining: set[str] = set()
+        self._strikes: dict[str, int] = {}
+        self._load: dict[str, int] = dict.fromkeys(self._endpoints, 0)
+        self._inflight: dict[str, set[asyncio.Task[StepReply]]] = {
+            n: set() for n in self._endpoints
+        }
+        self._moving: set[str] = set()
+        self._rate = TokenRate()
+        self._tokens = 0
+        self._resumed = 0
+        self._finished = {"done": 0, "failed": 0}
+        self._steps = 0
+        self._migrations = 0
+        self._recomputes = 0
+        self._worker_failures = 0
+        self._failures: list[str] = []
+        self._started = 0.0
+        self._worker_seen = 0.0
+
+    # -- pool changes (the operator calls these as pods come and go) ---------------------
+    def add_worker(self, endpoint: WorkerEndpoint) -> None:
+        self._endpoints[endpoint.name] = endpoint
+        self._load.setdefault(endpoint.name, 0)
+        self._inflight.setdefault(endpoint.name, set())
+        if hasattr(self, "_clients"):
+            self._clients[endpoint.name] = WorkerClient(
+                endpoint, self._http, step_timeout_s=self.config.step_timeout_s
+            )
+        self._live.add(endpoint.name)
+
+    def drain_worker(self, name: str) -> None:
+        """No new steps go there; contexts in tool calls migrate off (docs/operator.md)."""
+        self._draining.add(name)
+
+    def remove_worker(self, name: str) -> None:
+        self._mark_down(name, "removed from the pool")
+        self._endpoints.pop(name, None)
+        self._draining.discard(name)
+
+    def resident_on(self, name: str) -> int:
+        """Unfinished trajectories whose context lives on ``name``."""
+        return sum(1 for r in self.runs.values() if r.resident == name and r.status == "running")
+
+    # -- the run ----------------------------------------------------------------------
+    async def run(self) -> SessionResult:
+        done_keys = self.sink.open()
+        self._started = self._worker_seen = time.monotonic()
+        for index, task in enumerate(self.tasks):
+            for sample in range(self.samples_per_task):
+                if record_key(task.id, sample) in done_keys:
+                    self._resumed += 1
+                    continue
+                tid = f"{self.job}-t{index:06d}-s{sample:03d}"
+                traj = Trajectory(tid, f"{self.job}-t{index:06d}", prompt_tokens=0)
+                self.runs[tid] = TrajectoryRun(
+                    traj,
+                    task,
+                    index,
+                    sample,
+                    self.environment.episode(task, index, sample, tid),
+                    pending=list(task.messages),
+                )
+        for run in self.runs.values():
+            run.traj.prompt_tokens = max(1, sum(len(m["content"]) // 4 for m in run.pending))
+            self._predict(run)
+        if self.runs:
+            self.placement.replan([r.traj for r in self.runs.values()], self._view())
+        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+        deadline_hit = False
+        async with httpx.AsyncClient(limits=limits) as http:
+            self._http = http
+            self._clients = {
+                n: WorkerClient(e, http, step_timeout_s=self.config.step_timeout_s)
+                for n, e in self._endpoints.items()
+            }
+            tasks = [
+                asyncio.create_task(self._trajectory(r), name=r.traj.id) for r in self.runs.values()
+            ]
+            helpers = [
+                asyncio.create_task(self._health_loop(), name="health"),
+                asyncio.create_task(self._progress_loop(), name="progress"),
+            ]
+            if self.policy.migration != "none" or self.policy.placement == "presorted-dp":
+                helpers.append(asyncio.create_task(self._replan_loop(), name="replan"))
+            try:
+                deadline_hit = await self._wait(tasks, helpers)
+            finally:
+                for t in [*tasks, *helpers]:
+                    t.cancel()
+                await asyncio.gather(*tasks, *helpers, return_exceptions=True)
+                await self.environment.close()
+                if deadline_hit:
+                    self._truncate_unfinished()
+                self.sink.close()
+        progress = self.progress()
+        self._publish(progress)
+        return SessionResult(
+            progress,
+            self._migrations,
+            self._recomputes,
+            self._worker_failures,
+            self._steps,
+            deadline_hit,
+            self._failures[:10],
+        )
+
+    async def _wait(
+        self, tasks: list[asyncio.Task[None]], helpers: list[asyncio.Task[None]]
+    ) -> bool:
+        """Until every trajectory finished; True when the deadline cut the run short."""
+        pending: set[asyncio.Task[None]] = set(tasks)
+        end = None if self.deadline_s is None else self._started + self.deadline_s
+        while pending:
+            timeout = None if end is None else max(0.0, end - time.monotonic())
+            finished, pending = await asyncio.wait(
+                pending | set(helpers), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            pending -= set(helpers)
+            for helper in helpers:
+                if helper in finished:
+                    helper.result()  # a helper only returns by raising: surface it
+            for t in finished:
+                if t not in helpers and not t.cancelled() and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+            if end is not None and time.monotonic() >= end and pending:
+                log.warning(
+                    "%s: deadline of %.0f s reached; recording %d unfinished trajectories "
+                    "as truncated",
+                    self.job,
+                    self.deadline_s,
+                    len(pending),
+                )
+                return True
+        return False
+
+    def _truncate_unfinished(self) -> None:
+        for run in self.runs.values():
+            if run.status == "running":
+                run.status, run.finish_reason = "truncated", "deadline"
+                self._write(run)
+
+    # -- one trajectory ------------------------------------------------------------------
+    async def _trajectory(self, run: TrajectoryRun) -> None:
+        run.started_at = time.time()
+        traj = run.traj
+        while True:
+            remaining = self.sampling.max_total_tokens - traj.generated_tokens
+            if remaining <= 0:
+                return self._finish(run, "truncated", "length")
+            max_tokens, ignore_eos = run.episode.turn_limit(
+                traj.turns, self.sampling.max_tokens_per_turn
+            )
+            max_tokens = min(max_tokens, remaining)
+            traj.state = TrajectoryState.QUEUED
+            traj.ready_s = time.monotonic() - self._started
+            try:
+                worker, reply = await self._step(run, max_tokens, ignore_eos)
+            except WorkerRejectedError as exc:
+                if exc.status == 400 and "max length" in str(exc):
+                    return self._finish(run, "truncated", "context_length", str(exc))
+                return self._finish(run, "failed", "failed", str(exc))
+            run.apply(worker, reply, self.sampling.logprobs)
+            self._steps += 1
+            self._tokens += len(reply.token_ids)
+            self._rate.add(len(reply.token_ids))
+            self.metrics.tokens.labels(self.job).inc(len(reply.token_ids))
+            self.metrics.steps.labels(self.job, worker).inc()
+            if traj.turns >= self.max_turns:
+                outcome_done, reason = True, "max_turns"
+            else:
+                outcome_done, reason = False, ""
+            traj.state = TrajectoryState.IN_TOOL
+            traj.tool_expected_end_s = (
+                time.monotonic() - self._started + run.episode.expected_tool_s
+            )
+            self._predict(run)
+            outcome = await run.episode.after_turn(traj.turns - 1, reply.text, reply.finish_reason)
+            traj.tool_expected_end_s = None
+            run.tool_calls += len(outcome.tool_calls)
+            run.tool_errors += outcome.tool_errors
+            traj.tool_calls = run.tool_calls
+            for _ in range(len(outcome.tool_calls) - outcome.tool_errors):
+                self.metrics.tool_calls.labels(self.job, "ok").inc()
+            for _ in range(outcome.tool_errors):
+                self.metrics.tool_calls.labels(self.job, "error").inc()
+            if outcome.done:
+                status = "failed" if outcome.finish_reason == "failed" else "done"
+                return self._finish(run, status, outcome.finish_reason, outcome.error)
+            run.pending.extend(outcome.messages)
+            if outcome_done:
+                return self._finish(run, "truncated", reason)
+            self._predict(run)
+
+    async def _step(
+        self, run: TrajectoryRun, max_tokens: int, ignore_eos: bool
+    ) -> tuple[str, StepReply]:
+        """Run one LLM step somewhere; retried on other workers until it succeeds."""
+        traj = run.traj
+        sampling = {
+            "max_tokens": max_tokens,
+            "temperature": self.sampling.temperature,
+            "top_p": self.sampling.top_p,
+            "ignore_eos": ignore_eos,
+            "logprobs": self.sampling.logprobs,
+        }
+        if self.sampling.seed is not None:
+            sampling["seed"] = (
+                self.sampling.seed + 1009 * run.task_index + run.sample * 7 + traj.turns
+            )
+        while True:
+            if run.moving is not None:
+                await asyncio.shield(run.moving)
+            name = await self._route(run)
+            client = self._clients[name]
+            self._load[name] += 1
+            traj.state = TrajectoryState.GENERATING
+            try:
+                if run.resident != name:
+                    if run.resident is not None:
+                        self._release_later(run.resident, traj.id)
+                        run.recomputes += 1
+                        self._recomputes += 1
+                        self.metrics.recomputes.labels(self.job).inc()
+                    run.resident = None
+                    await client.import_context(traj.id, run.tokens, warm=False)
+                    run.resident = name
+                    traj.instance = name
+                call = client.generate(
+                    traj.id,
+                    messages=run.pending,
+                    sampling=sampling,
+                    priority=engine_priority(self.ordering.priority(traj)),
+                )
+                step = asyncio.create_task(call)
+                self._inflight[name].add(step)
+                try:
+                    await asyncio.wait({step})
+                finally:
+                    self._inflight[name].discard(step)
+                    if not step.done():
+                        step.cancel()
+                if step.cancelled():
+                    raise WorkerUnavailableError(name, "marked down while the step ran")
+                return name, step.result()
+            except WorkerUnavailableError as exc:
+                run.resident = None
+                self._mark_down(name, str(exc))
+            except WorkerRejectedError as exc:
+                run.resident = None
+                if exc.status == 404:
+                    continue  # the worker lost the context (restarted): recompute
+                if exc.status == 409:
+                    await asyncio.sleep(0.5)  # an abandoned step still runs there
+                    continue
+                raise
+            finally:
+                self._load[name] -= 1
+
+    async def _route(self, run: TrajectoryRun) -> str:
+        while True:
+            view = self._view()
+            if view.instances:
+                self._worker_seen = time.monotonic()
+                return self.placement.route(run.traj, view)
+            if time.monotonic() - self._worker_seen > self.config.no_worker_timeout_s:
+                raise HeddleError(
+                    f"no worker of job {self.job} has been ready for "
+                    f"{self.config.no_worker_timeout_s:.0f} s; unfinished trajectories stay "
+                    "out of the output and run when the session starts again"
+                )
+            await asyncio.sleep(self.config.health_interval_s / 2)
+
+    def _view(self) -> ClusterView:
+        names = sorted(n for n in self._live if n not in self._draining and n in self._endpoints)
+        instances = [self.perf.instance(n, self._endpoints[n].tp) for n in names]
+        return ClusterView(instances, {n: self._load[n] for n in names})
+
+    def _predict(self, run: TrajectoryRun) -> None:
+        if self.predictor is not None:
+            self.predictor.update(run.traj)
+
+    def _finish(
+        self, run: TrajectoryRun, status: str, reason: str, error: str | None = None
+    ) -> None:
+        run.status, run.finish_reason, run.error = status, reason, error
+        run.traj.state = TrajectoryState.FAILED if status == "failed" else TrajectoryState.DONE
+        run.traj.predicted_remaining_tokens = 0.0
+        if self.predictor is not None and status == "done":
+            self.predictor.finish(run.traj)
+        if status == "failed" and len(self._failures) < 10:
+            self._failures.append(f"{run.task.id}#{run.sample}: {error}")
+        self._write(run)
+        if run.resident is not None:
+            self._release_later(run.resident, run.traj.id)
+            run.resident = None
+
+    def _write(self, run: TrajectoryRun) -> None:
+        if self.sink.write(
+            run.record(policy=self.policy.name, want_logprobs=self.sampling.logprobs)
+        ):
+            self._finished["failed" if run.status == "failed" else "done"] += 1
+
+    def _release_later(self, worker: str, trajectory_id: str) -> None:
+        client = self._clients.get(worker)
+        if client is None or worker not in self._live:
+            return
+
+        async def release() -> None:
+            with contextlib.suppress(WorkerUnavailableError, WorkerRejectedError):
+                await client.release(trajectory_id)
+
+        asyncio.get_running_loop().create_task(release())
+
+    # -- workers ---------------------------------------------------------------------------
+    def _mark_down(self, name: str, reason: str) -> None:
+        if name not in self._live:
+            return
+        self._live.discard(name)
+        self._worker_failures += 1
+        self.metrics.worker_failures.labels(self.job, name).inc()
+        log.warning(
+            "%s: worker %s is down (%s); its trajectories recompute elsewhere",
+            self.job,
+            name,
+            reason,
+        )
+        for run in self.runs.values():
+            if run.resident == name:
+                run.resident = None
+        for step in list(self._inflight.get(name, ())):
+            step.cancel()
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health_interval_s)
+            names = list(self._endpoints)
+            answers = await asyncio.gather(
+                *(self._clients[n].ready(timeout=self.config.health_interval_s * 2) for n in names)
+            )
+            for name, ok in zip(names, answers, strict=True):
+                if ok:
+                    self._strikes[name] = 0
+                    if name not in self._live:
+                        log.info("%s: worker %s is ready again", self.job, name)
+                        self._live.add(name)
+                    continue
+                self._strikes[name] = self._strikes.get(name, 0) + 1
+                if self._strikes[name] >= self.config.unhealthy_after:
+                    self._mark_down(name, f"{self._strikes[name]} failed readiness probes")
+
+    async def _replan_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.replan_interval_s)
+            live = [r.traj for r in self.runs.values() if r.status == "running"]
+            view = self._view()
+            if not live or not view.instances:
+                continue
+            self.placement.replan(live, view)
+            now = time.monotonic() - self._started
+            candidates = [
+                r.traj
+                for r in self.runs.values()
+                if r.status == "running"
+                and r.moving is None
+                and r.resident is not None
+                and r.traj.state is TrajectoryState.IN_TOOL
+            ]
+            for t in candidates:
+                t.instance = self.runs[t.id].resident
+            moves = self.migration.plan(
+                candidates,
+                self.placement.target,
+                {i.name: i for i in view.instances},
+                view.load,
+                now,
+                busy=self._moving,
+                draining=self._draining,
+            )
+            for move in moves:
+                run = self.runs[move.trajectory_id]
+                run.moving = asyncio.create_task(self._move(run, move.source, move.destination))
+
+    async def _move(self, run: TrajectoryRun, source: str, destination: str) -> None:
+        self._moving.update((source, destination))
+        try:
+            await self._clients[destination].import_context(run.traj.id, run.tokens, warm=True)
+        except (WorkerUnavailableError, WorkerRejectedError) as exc:
+            log.info(
+                "%s: migration of %s to %s failed (%s); it stays",
+                self.job,
+                run.traj.id,
+                destination,
+                exc,
+            )
+            return
+        finally:
+            self._moving.difference_update((source, destination))
+            run.moving = None
+        if run.resident == source:
+            self._release_later(source, run.traj.id)
+            run.resident = destination
+            run.traj.instance = destination
+            run.migrations.append({"from": source, "to": destination, "after_turn": run.traj.turns})
+            self._migrations += 1
+            self.metrics.migrations.labels(self.job).inc()
+
+    # -- progress -------------------------------------------------------------------------
+    def progress(self) -> Progress:
+        counts = dict.fromkeys(("queued", "generating", "in_tool"), 0)
+        remaining_tokens = 0.0
+        for run in self.runs.values():
+            if run.status != "running":
+                continue
+            counts[run.traj.state.value] = counts.get(run.traj.state.value, 0) + 1
+            remaining_tokens += run.traj.predicted_remaining_tokens
+        rate = self._rate.rate()
+        unfinished = sum(counts.values())
+        eta = None
+        if unfinished == 0:
+            eta = 0.0
+        elif rate > 0 and remaining_tokens > 0:
+            eta = remaining_tokens / rate
+        return Progress(
+            total=len(self.runs) + self._resumed,
+            queued=counts["queued"],
+            generating=counts["generating"],
+            in_tool=counts["in_tool"],
+            done=self._finished["done"] + self._resumed,
+            failed=self._finished["failed"],
+            resumed=self._resumed,
+            malformed_tasks=self.malformed_tasks,
+            tokens=self._tokens,
+            tokens_per_s=rate,
+            elapsed_s=time.monotonic() - self._started if self._started else 0.0,
+            eta_s=eta,
+        )
+
+    def _publish(self, progress: Progress) -> None:
+        self.metrics.publish(self.job, progress)
+        if self.on_progress is not None:
+            self.on_progress(progress)
+
+    async def _progress_loop(self) -> None:
+        while True:
+            self._publish(self.progress())
+            await asyncio.sleep(self.config.progress_interval_s)

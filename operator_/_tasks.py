@@ -1,0 +1,146 @@
+"""Task sets: inline entries or a JSONL file, one task per line.
+
+A task is ``{"id": ..., "messages": [{"role", "content"}, ...]}`` or
+``{"id": ..., "prompt": "..."}`` (a single user message), with an optional
+``system`` string and a free-form ``metadata`` object copied to the output.
+A malformed entry is reported with its line number and skipped; the others
+go on (docs/rollouts.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from heddle.exceptions import ManifestError, TaskError
+
+__all__ = ["Task", "TaskSet", "parse_task", "read_tasks"]
+
+_ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    messages: tuple[Mapping[str, str], ...]
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TaskSet:
+    """The valid tasks, in order, and the errors of the entries that were not."""
+
+    tasks: list[Task]
+    errors: list[TaskError]
+
+
+def parse_task(raw: Any, where: str, default_id: str) -> Task:
+    """One task entry; raises :class:`TaskError` naming ``where`` and the fault."""
+    if not isinstance(raw, Mapping):
+        raise TaskError(where, f"a task must be a JSON object, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - {"id", "messages", "prompt", "system", "metadata"})
+    if unknown:
+        raise TaskError(
+            where, f"unknown field(s) {unknown}; use id, messages|prompt, system, metadata"
+        )
+    task_id = raw.get("id", default_id)
+    if not isinstance(task_id, str | int) or isinstance(task_id, bool) or str(task_id) == "":
+        raise TaskError(where, f"id={task_id!r} must be a non-empty string or an integer")
+    if ("messages" in raw) == ("prompt" in raw):
+        raise TaskError(where, "give either messages (a list) or prompt (a string)")
+    messages: list[Mapping[str, str]] = []
+    system = raw.get("system")
+    if system is not None:
+        if not isinstance(system, str):
+            raise TaskError(where, f"system={system!r} must be a string")
+        messages.append({"role": "system", "content": system})
+    if "prompt" in raw:
+        if not isinstance(raw["prompt"], str) or not raw["prompt"]:
+            raise TaskError(where, f"prompt={raw['prompt']!r} must be a non-empty string")
+        messages.append({"role": "user", "content": raw["prompt"]})
+    else:
+        listed = raw["messages"]
+        if not isinstance(listed, list) or not listed:
+            raise TaskError(where, "messages must be a non-empty list of {role, content}")
+        for i, m in enumerate(listed):
+            if not isinstance(m, Mapping) or set(m) != {"role", "content"}:
+                raise TaskError(where, f"messages[{i}]={m!r} must have exactly role and content")
+            if m["role"] not in _ROLES or not isinstance(m["content"], str):
+                raise TaskError(
+                    where, f"messages[{i}]: role must be one of {list(_ROLES)} and content a string"
+                )
+            messages.append({"role": m["role"], "content": m["content"]})
+    metadata = raw.get("metadata", {})
+    if not isinstance(metadata, Mapping):
+        raise TaskError(where, f"metadata={metadata!r} must be an object")
+    return Task(str(task_id), tuple(messages), dict(metadata))
+
+
+def _collect(entries: Iterable[tuple[str, str, Any]]) -> TaskSet:
+    tasks: list[Task] = []
+    errors: list[TaskError] = []
+    seen: dict[str, str] = {}
+    for where, default_id, raw in entries:
+        try:
+            task = parse_task(raw, where, default_id)
+            if task.id in seen:
+                raise TaskError(where, f"id {task.id!r} repeats the task at {seen[task.id]}")
+        except TaskError as exc:
+            errors.append(exc)
+            continue
+        seen[task.id] = where
+        tasks.append(task)
+    return TaskSet(tasks, errors)
+
+
+def _lines(text: str, source: str) -> Iterable[tuple[str, str, Any]]:
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{source} line {number}"
+        try:
+            raw: Any = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raw = _Unparsable(f"not valid JSON ({exc.msg} at column {exc.colno})")
+        yield where, f"line-{number}", raw
+
+
+class _Unparsable:
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def read_tasks(
+    *, inline: Sequence[Any] | None = None, path: Path | None = None, text: str | None = None
+) -> TaskSet:
+    """Tasks from inline entries, a JSONL file, or JSONL text (a ConfigMap's value)."""
+    if inline is not None:
+        return _collect((f"tasks.inline[{i}]", f"task-{i}", raw) for i, raw in enumerate(inline))
+    source = "tasks"
+    if path is not None:
+        source = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ManifestError(
+                f"cannot read the task file {path}: {exc.strerror}; fix spec.tasks.path"
+            ) from exc
+    if text is None:
+        raise ManifestError("no task source given")
+    entries = list(_lines(text, source))
+    result = _collect(
+        (where, default_id, raw)
+        for where, default_id, raw in entries
+        if not isinstance(raw, _Unparsable)
+    )
+    bad = [TaskError(w, raw.reason) for w, _, raw in entries if isinstance(raw, _Unparsable)]
+    result.errors = sorted([*result.errors, *bad], key=lambda e: _line_of(e.where))
+    return result
+
+
+def _line_of(where: str) -> int:
+    tail = where.rsplit(" ", 1)[-1]
+    return int(tail) if tail.isdigit() else 0

@@ -1,0 +1,203 @@
+"""The ``tools`` environment: tool calls parsed from the model's text, run over HTTP.
+
+Tool protocol (docs/rollouts.md): ``POST <url>`` with JSON
+``{"name": ..., "arguments": {...}, "trajectory_id": ...}``; the tool answers
+200 with ``{"content": "<text for the model>"}``. Timeouts, connection errors,
+5xx and replies of any other form are retried with backoff; a 4xx is the
+model's fault (bad arguments) and goes back to it at once. When retries run
+out, ``onError: message`` tells the model in a tool message and
+``onError: fail`` ends the trajectory as failed with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import httpx
+
+from heddle.exceptions import ConfigError, ToolError
+
+from ._environments import Environment, Episode, Outcome
+from ._manifests import ToolEndpointSpec, ToolsSpec
+from ._tasks import Task
+
+__all__ = ["HermesParser", "ToolCall", "ToolCallParser", "ToolsEnvironment", "get_parser"]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: Mapping[str, Any]
+
+
+class ToolCallParser(ABC):
+    """Finds tool calls in a turn's text; malformed ones come back as error strings."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def parse(self, text: str) -> tuple[list[ToolCall], list[str]]:
+        """(calls, errors)."""
+
+
+class HermesParser(ToolCallParser):
+    """Hermes/Qwen: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks."""
+
+    name = "hermes"
+    _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+    def parse(self, text: str) -> tuple[list[ToolCall], list[str]]:
+        calls: list[ToolCall] = []
+        errors: list[str] = []
+        for block in self._BLOCK.findall(text):
+            try:
+                data = json.loads(block)
+            except json.JSONDecodeError as exc:
+                errors.append(f"tool call is not valid JSON ({exc.msg}): {block.strip()[:200]}")
+                continue
+            args = data.get("arguments", {}) if isinstance(data, dict) else None
+            if isinstance(args, str):  # some models emit arguments as a JSON string
+                try:
+                    args = json.loads(args)
+                except json.JSONDecodeError:
+                    args = None
+            if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+                errors.append(
+                    f'tool call needs {{"name": string, "arguments": object}}: {block[:200]}'
+                )
+            elif not isinstance(args, dict):
+                errors.append(f"tool call {data['name']!r}: arguments must be a JSON object")
+            else:
+                calls.append(ToolCall(data["name"], args))
+        return calls, errors
+
+
+PARSERS: dict[str, type[ToolCallParser]] = {HermesParser.name: HermesParser}
+
+
+def get_parser(name: str) -> ToolCallParser:
+    try:
+        return PARSERS[name]()
+    except KeyError:
+        raise ConfigError(
+            f"unknown tool-call parser {name!r}; choose one of {sorted(PARSERS)}"
+        ) from None
+
+
+class _RetryableError(Exception):
+    pass
+
+
+async def call_tool(
+    client: httpx.AsyncClient, endpoint: ToolEndpointSpec, call: ToolCall, trajectory_id: str
+) -> str:
+    """The tool's reply content; raises :class:`ToolError` once retries are spent."""
+    body = {"name": call.name, "arguments": dict(call.arguments), "trajectory_id": trajectory_id}
+    last = ""
+    for attempt in range(endpoint.retries + 1):
+        if attempt:
+            await asyncio.sleep(min(5.0, 0.2 * 2 ** (attempt - 1)))
+        try:
+            return await _attempt(client, endpoint, body)
+        except _RetryableError as exc:
+            last = str(exc)
+    raise ToolError(f"tool {call.name!r} failed after {endpoint.retries + 1} attempts: {last}")
+
+
+async def _attempt(
+    client: httpx.AsyncClient, endpoint: ToolEndpointSpec, body: dict[str, Any]
+) -> str:
+    try:
+        reply = await client.post(endpoint.url, json=body, timeout=endpoint.timeout_s)
+    except httpx.TimeoutException:
+        raise _RetryableError(f"no answer within {endpoint.timeout_s:g} s") from None
+    except httpx.HTTPError as exc:
+        raise _RetryableError(f"{type(exc).__name__}: {exc}") from None
+    if 400 <= reply.status_code < 500:
+        raise ToolError(
+            f"tool {body['name']!r} refused the call ({reply.status_code}): {reply.text[:300]}"
+        )
+    if reply.status_code >= 500:
+        raise _RetryableError(f"status {reply.status_code}: {reply.text[:200]}")
+    try:
+        data = reply.json()
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or not isinstance(data.get("content"), str):
+        raise _RetryableError(f'reply is not JSON {{"content": string}}: {reply.text[:200]!r}')
+    return str(data["content"])
+
+
+@dataclass
+class _ToolsEpisode(Episode):
+    env: ToolsEnvironment | None = None
+
+    async def after_turn(self, turn: int, text: str, finish_reason: str) -> Outcome:
+        env = self.env
+        assert env is not None
+        calls, errors = env.parser.parse(text)
+        if not calls and not errors:
+            return Outcome(done=True, finish_reason="stop" if finish_reason == "stop" else "length")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        results = await asyncio.gather(*(env.run(call, self.trajectory_id) for call in calls))
+        self.tool_seconds += loop.time() - started
+        messages = [{"role": "tool", "content": f"error: {e}"} for e in errors]
+        failures = len(errors)
+        for content, failed in results:
+            failures += failed
+            if failed and env.spec.on_error == "fail":
+                return Outcome(
+                    done=True,
+                    finish_reason="failed",
+                    error=content,
+                    tool_calls=tuple(c.name for c in calls),
+                    tool_errors=failures,
+                )
+            messages.append({"role": "tool", "content": content})
+        return Outcome(
+            messages=tuple(messages),
+            tool_calls=tuple(c.name for c in calls),
+            tool_errors=failures,
+        )
+
+
+class ToolsEnvironment(Environment):
+    """Real tools over HTTP, one shared connection pool."""
+
+    name = "tools"
+
+    def __init__(self, spec: ToolsSpec, *, expected_tool_s: float = 1.0) -> None:
+        self.spec = spec
+        self.parser = get_parser(spec.parser)
+        self.endpoints = {e.name: e for e in spec.endpoints}
+        self.expected_tool_s = expected_tool_s
+        self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=256))
+
+    def episode(self, task: Task, task_index: int, sample: int, trajectory_id: str) -> Episode:
+        return _ToolsEpisode(
+            task, sample, trajectory_id, expected_tool_s=self.expected_tool_s, env=self
+        )
+
+    async def run(self, call: ToolCall, trajectory_id: str) -> tuple[str, bool]:
+        """(content for the model, failed?)."""
+        endpoint = self.endpoints.get(call.name)
+        if endpoint is None:
+            return f"error: unknown tool {call.name!r}; available: {sorted(self.endpoints)}", True
+        try:
+            content = await call_tool(self._client, endpoint, call, trajectory_id)
+        except ToolError as exc:
+            return f"error: {exc}", True
+        if len(content) > self.spec.max_reply_chars:
+            cut = self.spec.max_reply_chars
+            content = content[:cut] + f"\n[tool reply cut at {cut} characters]"
+        return content, False
+
+    async def close(self) -> None:
+        await self._client.aclose()
