@@ -59,7 +59,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     options = LocalWorkerOptions(
         engine=args.engine,
         model=model,
-        max_model_len=min(local.pool.vllm.max_model_len, args.max_model_len),
+        max_model_len=args.max_model_len
+        or (min(local.pool.vllm.max_model_len, 4096) if args.engine == "vllm" else 65_536),
         time_scale=args.time_scale,
         scripted_replies=args.scripted_replies,
         log_dir=local.output.parent / "logs",
@@ -111,7 +112,13 @@ def add_run_parser(sub: Any) -> None:
     p.add_argument("--job-name", default=None, help="which RolloutJob, if the file holds several")
     p.add_argument("--engine", choices=("vllm", "sim"), default="vllm", help="local engine")
     p.add_argument("--model", default=None, help="vllm: a model directory (default: the pool's)")
-    p.add_argument("--max-model-len", type=int, default=4096, help="vllm: context cap per worker")
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="context cap per worker (default: the pool's, at most 4096 on vllm; 65536 on sim, "
+        "whose tokens are bytes)",
+    )
     p.add_argument("--time-scale", type=float, default=1.0, help="sim: scale the model's times")
     p.add_argument("--scripted-replies", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--policy", default=None, help="override spec.scheduling.policy (A/B runs)")

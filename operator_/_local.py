@@ -48,6 +48,15 @@ class LocalWorkerOptions:
     log_dir: Path = Path(".heddle/logs")
 
 
+def _die_with_parent() -> None:
+    """Linux: the worker gets SIGTERM when the process that started it dies (even by SIGKILL)."""
+    if sys.platform.startswith("linux"):
+        import ctypes  # noqa: PLC0415
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -101,7 +110,12 @@ class LocalPool:
         log = (o.log_dir / f"{name}.log").open("ab")
         command = self._command(tp, port)
         process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads fork-unsafe here
         )
         endpoint = WorkerEndpoint(name, f"http://{o.host}:{port}", tp)
         return _Proc(endpoint, process, log, command, env)

@@ -73,7 +73,9 @@ class EnginePoolSpec:
         f = Fields(doc.get("spec"), f"EnginePool {name!r} spec")
         gpus = f.integer("gpus", minimum=1)
         per_node = f.integer("gpusPerNode", 8, minimum=1)
-        raw_sizes = f.listing("tensorParallelSizes") or [1, 2, 4, 8]
+        raw_sizes = f.listing("tensorParallelSizes") or [
+            tp for tp in (1, 2, 4, 8) if per_node % tp == 0
+        ]
         try:
             sizes = check_tp_sizes(raw_sizes, per_node)
         except ConfigError as exc:

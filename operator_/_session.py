@@ -342,6 +342,7 @@ class RolloutSession:
                 if run.resident != name:
                     if run.resident is not None:
                         self._release_later(run.resident, traj.id)
+                    if run.tokens:  # the context is rebuilt here from the session's history
                         run.recomputes += 1
                         self._recomputes += 1
                         self.metrics.recomputes.labels(self.job).inc()

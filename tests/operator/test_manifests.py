@@ -1,0 +1,130 @@
+"""EnginePool and RolloutJob manifests: defaults, and errors that name the field to fix."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from heddle.exceptions import ManifestError
+from heddle.operator._manifests import EnginePoolSpec, RolloutJobSpec, load_manifests
+from heddle.scheduler import PoolShape
+
+ROOT = Path(__file__).resolve().parents[2]
+
+POOL: dict[str, Any] = {
+    "apiVersion": "heddle.dev/v1alpha1",
+    "kind": "EnginePool",
+    "metadata": {"name": "p"},
+    "spec": {"model": "Qwen/Qwen3-14B", "gpus": 16, "tensorParallelSizes": [1, 2, 4, 8]},
+}
+JOB: dict[str, Any] = {
+    "apiVersion": "heddle.dev/v1alpha1",
+    "kind": "RolloutJob",
+    "metadata": {"name": "j"},
+    "spec": {
+        "enginePool": "p",
+        "tasks": {"path": "tasks.jsonl"},
+        "environment": {"type": "tools", "tools": {"endpoints": [{"name": "s", "url": "http://s"}]}},
+        "output": {"path": "/data/out.jsonl"},
+    },
+}
+
+
+def _with(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(doc)
+    *parents, last = path.split(".")
+    node = doc
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[last] = value
+    return doc
+
+
+def test_pool_defaults_and_auto_shape() -> None:
+    pool = EnginePoolSpec.from_manifest(POOL)
+    assert pool.shape is None  # auto
+    assert pool.gpus_per_node == 8
+    assert pool.vllm.max_model_len == 8192
+
+
+def test_pinned_shape_is_parsed() -> None:
+    doc = _with(POOL, "spec.shape", [{"tp": 4, "replicas": 2}, {"tp": 1, "replicas": 8}])
+    assert EnginePoolSpec.from_manifest(doc).shape == PoolShape.of({4: 2, 1: 8})
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("spec.gpus", 0, "spec.gpus=0 must be >= 1"),
+        ("spec.gpus", "eight", "spec.gpus='eight' must be an integer"),
+        ("spec.shape", [{"tp": 4, "replicas": 5}], "uses 20 GPUs but spec.gpus=16"),
+        ("spec.shape", [{"tp": 3}], "spec.shape[0].tp=3 is not in tensorParallelSizes"),
+        ("spec.tensorParallelSizes", [3], "tensorParallelSizes"),
+        ("spec.vllm.gpuMemoryUtilization", 1.5, "gpuMemoryUtilization=1.5 must be <= 1.0"),
+        ("spec.replicas", 3, "unknown field(s) ['replicas']"),
+    ],
+)
+def test_bad_pool_fields_are_named(path: str, value: Any, message: str) -> None:
+    with pytest.raises(ManifestError, match=None) as err:
+        EnginePoolSpec.from_manifest(_with(POOL, path, value))
+    assert message in str(err.value)
+
+
+def test_job_defaults() -> None:
+    job = RolloutJobSpec.from_manifest(JOB)
+    assert (job.policy, job.samples_per_task, job.max_turns) == ("heddle", 1, 8)
+    assert job.environment.tools is not None and job.environment.tools.parser == "hermes"
+    assert job.deadline_s is None
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("spec.scheduling.policy", "fastest", "policy='fastest'; choose one of"),
+        ("spec.scheduling.policy", "heddle-oracle", "choose one of"),
+        ("spec.sampling.topP", 0, "topP=0 must be > 0.0"),
+        ("spec.samplesPerTask", 0, "samplesPerTask=0 must be >= 1"),
+        ("spec.tasks", {}, "give tasks"),
+        ("spec.tasks", {"path": "a", "inline": [{}]}, "not ['inline', 'path']"),
+        ("spec.environment.type", "gym", "type='gym'; choose one of"),
+        ("spec.environment.tools.endpoints", [{"name": "s", "url": "s:80"}], "must start with http"),
+        ("spec.output", {}, "output.path is required"),
+        ("spec.deadlineSeconds", -5, "deadlineSeconds=-5 must be > 0"),
+        ("spec.enginePool", None, "enginePool is required"),
+    ],
+)
+def test_bad_job_fields_are_named(path: str, value: Any, message: str) -> None:
+    with pytest.raises(ManifestError) as err:
+        RolloutJobSpec.from_manifest(_with(JOB, path, value))
+    assert message in str(err.value)
+    assert "RolloutJob 'j' spec" in str(err.value) or "RolloutJob" in str(err.value)
+
+
+def test_synthetic_job_needs_no_tasks() -> None:
+    doc = _with(JOB, "spec.tasks", None)
+    doc = _with(doc, "spec.environment", {"type": "synthetic", "synthetic": {"workload": "coding"}})
+    job = RolloutJobSpec.from_manifest(doc)
+    assert job.environment.synthetic is not None and job.environment.synthetic.workload == "coding"
+
+
+def test_manifest_file_checks_kind_and_api_version(tmp_path: Path) -> None:
+    bad = tmp_path / "x.yaml"
+    bad.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n")
+    with pytest.raises(ManifestError, match="use 'heddle.dev/v1alpha1'"):
+        load_manifests(bad)
+    bad.write_text("a: [1, 2\n")
+    with pytest.raises(ManifestError, match="not valid YAML"):
+        load_manifests(bad)
+
+
+def test_quickstart_manifests_parse() -> None:
+    quick = ROOT / "examples" / "quickstart"
+    (job_doc,) = load_manifests(quick / "job.yaml")
+    (pool_doc,) = load_manifests(quick / "pool.yaml")
+    job = RolloutJobSpec.from_manifest(job_doc)
+    pool = EnginePoolSpec.from_manifest(pool_doc)
+    assert job.engine_pool == pool.name
+    assert pool.shape is not None and pool.shape.gpus <= pool.gpus

@@ -1,0 +1,141 @@
+"""``heddle run`` as a user runs it: a subprocess, manifests on disk, the simulated engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from .conftest import ToolServer, assert_exactly_once, read_records
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICK = ROOT / "examples" / "quickstart"
+
+
+def _heddle(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "heddle", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _job(tmp: Path, spec: dict[str, object], name: str = "job") -> Path:
+    docs = [
+        {
+            "apiVersion": "heddle.dev/v1alpha1",
+            "kind": "EnginePool",
+            "metadata": {"name": "local"},
+            "spec": {"model": "tiny", "gpus": 2, "gpusPerNode": 2, "shape": [{"tp": 1, "replicas": 2}]},
+        },
+        {
+            "apiVersion": "heddle.dev/v1alpha1",
+            "kind": "RolloutJob",
+            "metadata": {"name": name},
+            "spec": {"enginePool": "local", "output": {"path": "out/rollout.jsonl"}, **spec},
+        },
+    ]
+    path = tmp / "job.yaml"
+    path.write_text(yaml.safe_dump_all(docs))
+    return path
+
+
+def test_tools_job_with_malformed_tasks(tmp_path: Path, tool_server: ToolServer) -> None:
+    call = '<tool_call>{"name": "calc", "arguments": {"x": 1}}</tool_call>'
+    lines = [
+        json.dumps({"id": "a", "prompt": f"<reply>{call}</reply><reply>it is 1</reply>"}),
+        '{"id": "b", "prompt": ',
+        json.dumps({"id": "c", "prompt": "<reply>no tool</reply>"}),
+        json.dumps({"id": "d"}),
+    ]
+    (tmp_path / "tasks.jsonl").write_text("\n".join(lines) + "\n")
+    endpoint = {"name": "calc", "url": tool_server.url + "/ok", "timeoutSeconds": 2}
+    job = _job(
+        tmp_path,
+        {
+            "tasks": {"path": "tasks.jsonl"},
+            "samplesPerTask": 2,
+            "environment": {"type": "tools", "tools": {"endpoints": [endpoint]}},
+        },
+    )
+    proc = _heddle("run", str(job), "--engine", "sim", "--scripted-replies", "--quiet", cwd=tmp_path)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert "4 done, 0 failed of 4 trajectories" in out
+    assert "line 2: not valid JSON" in out and "line 4: give either messages" in out
+    records = read_records(tmp_path / "out" / "rollout.jsonl")
+    assert_exactly_once(records, {("a", 0), ("a", 1), ("c", 0), ("c", 1)})
+    summary = json.loads((tmp_path / "out" / "rollout.jsonl.summary.json").read_text())
+    assert summary["progress"]["malformed_tasks"] == 2
+    assert len(tool_server.calls) == 2
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_killed_run_resumes_without_loss_or_duplicates(tmp_path: Path) -> None:
+    spec = {
+        "samplesPerTask": 4,
+        "environment": {
+            "type": "synthetic",
+            "synthetic": {"workload": str(QUICK / "workload.yaml"), "toolTimeScale": 2.0},
+        },
+    }
+    job = _job(tmp_path, spec)
+    output = tmp_path / "out" / "rollout.jsonl"
+    proc = _heddle("run", str(job), "--engine", "sim", "--time-scale", "0.05", "--quiet", cwd=tmp_path)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and (not output.exists() or len(read_records(output)) < 8):
+        assert proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.1)
+    workers = _children(proc.pid)
+    assert len(workers) == 2
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    written = len(read_records(output))
+    assert 8 <= written < 64
+    for pid in workers:  # the workers die with the run that started them
+        end = time.monotonic() + 15
+        while _alive(pid) and time.monotonic() < end:
+            time.sleep(0.1)
+        assert not _alive(pid), f"worker {pid} outlived its heddle run"
+    again = _heddle("run", str(job), "--engine", "sim", "--time-scale", "0.05", "--quiet", cwd=tmp_path)
+    out, _ = again.communicate(timeout=120)
+    assert again.returncode == 0, out
+    assert f"({written} already in the output)" in out
+    keys = {(f"p{i:05d}", s) for i in range(16) for s in range(4)}
+    assert_exactly_once(read_records(output), keys)
+
+
+def test_bad_manifest_is_a_clear_error(tmp_path: Path) -> None:
+    job = _job(tmp_path, {"samplesPerTask": 0, "tasks": {"inline": [{"prompt": "x"}]}})
+    proc = _heddle("run", str(job), "--engine", "sim", cwd=tmp_path)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert "heddle: error: RolloutJob 'job' spec.samplesPerTask=0 must be >= 1" in out

@@ -1,0 +1,220 @@
+"""The rollout session end to end on real worker processes (simulated engine) over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from heddle.operator._client import WorkerEndpoint
+from heddle.operator._environments import Environment, SyntheticEnvironment, synthetic_tasks
+from heddle.operator._local import LocalPool
+from heddle.operator._manifests import SamplingSpec, ToolEndpointSpec, ToolsSpec
+from heddle.operator._output import OutputSink
+from heddle.operator._presets import load_workload
+from heddle.operator._session import RolloutSession, SessionConfig, SessionResult
+from heddle.operator._tasks import Task
+from heddle.operator._tools import ToolsEnvironment
+from heddle.operator._run import perf_model_for  # noqa: F401 - keeps the public helper imported
+from heddle.scheduler import HARDWARE_PRESETS, MODEL_PRESETS, PerfModel
+
+from .conftest import ToolServer, assert_consistent, assert_exactly_once, read_records
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKLOAD = load_workload(str(ROOT / "examples" / "quickstart" / "workload.yaml"))
+PERF = PerfModel(MODEL_PRESETS["qwen3-8b"], HARDWARE_PRESETS["h100-sxm"])
+FAST = SessionConfig(replan_interval_s=0.3, health_interval_s=0.2, unhealthy_after=2)
+
+
+def _synthetic(tasks: int, samples: int, tool_scale: float = 0.05) -> tuple[list[Task], Environment]:
+    return (
+        synthetic_tasks(tasks, WORKLOAD, seed=0),
+        SyntheticEnvironment(WORKLOAD, tasks, samples, seed=0, tool_time_scale=tool_scale),
+    )
+
+
+def _session(
+    workers: list[WorkerEndpoint],
+    output: Path,
+    tasks: list[Task],
+    env: Environment,
+    samples: int,
+    **kwargs: Any,
+) -> RolloutSession:
+    options: dict[str, Any] = {
+        "job": "t",
+        "tasks": tasks,
+        "samples_per_task": samples,
+        "environment": env,
+        "workers": workers,
+        "sink": OutputSink(output),
+        "perf": PERF,
+        "sampling": SamplingSpec(max_tokens_per_turn=2048, max_total_tokens=3000),
+        "max_turns": 8,
+        "config": FAST,
+    }
+    options.update(kwargs)
+    return RolloutSession(**options)
+
+
+def _keys(tasks: list[Task], samples: int) -> set[tuple[str, int]]:
+    return {(t.id, s) for t in tasks for s in range(samples)}
+
+
+@pytest.mark.parametrize("policy", ["heddle", "verl", "slime"])
+def test_synthetic_job_writes_every_trajectory_once(
+    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path, policy: str
+) -> None:
+    _, workers = sim_pool
+    tasks, env = _synthetic(8, 4)
+    out = tmp_path / "out.jsonl"
+    result = asyncio.run(_session(workers, out, tasks, env, 4, policy=policy).run())
+    records = read_records(out)
+    assert_exactly_once(records, _keys(tasks, 4))
+    for record in records:
+        assert_consistent(record)
+        assert record["status"] == "done" and record["policy"] == policy
+    scripts = {(s.group_id, s.sample): s for s in env.scripts}  # type: ignore[attr-defined]
+    for r in records:  # each step generated exactly its scripted tokens
+        script = scripts[(f"quickstart-p{int(r['task_id'][1:]):05d}", r["sample"])]
+        assert r["tokens"]["generated"] == min(script.total_tokens, 3000)
+        assert r["turns"] == script.turns or r["tokens"]["generated"] == 3000
+    p = result.progress
+    assert (p.done, p.failed, p.total, p.queued, p.generating, p.in_tool) == (32, 0, 32, 0, 0, 0)
+    assert result.steps == sum(r["turns"] for r in records)
+
+
+def test_worker_killed_mid_run_loses_nothing(
+    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    pool, workers = sim_pool
+    tasks, env = _synthetic(8, 4, tool_scale=0.5)
+    out = tmp_path / "out.jsonl"
+
+    async def go() -> SessionResult:
+        session = _session(workers, out, tasks, env, 4)
+        run = asyncio.create_task(session.run())
+        while not out.exists() or len(read_records(out)) < 4:
+            await asyncio.sleep(0.05)
+        pool.kill(workers[0].name)
+        return await run
+
+    result = asyncio.run(go())
+    records = read_records(out)
+    assert_exactly_once(records, _keys(tasks, 4))
+    assert all(r["status"] == "done" for r in records)
+    assert result.worker_failures >= 1
+    moved = [r for r in records if r["placement"]["recomputes"] > 0]
+    assert moved, "no trajectory was recomputed on the surviving worker"
+    for r in moved:
+        assert_consistent(r)
+        assert r["placement"]["steps"][-1] == workers[1].name
+
+
+def test_restarted_session_resumes_without_duplicates(
+    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    _, workers = sim_pool
+    tasks, env = _synthetic(8, 4, tool_scale=0.5)
+    out = tmp_path / "out.jsonl"
+
+    async def interrupted() -> int:
+        run = asyncio.create_task(_session(workers, out, tasks, env, 4).run())
+        while not out.exists() or len(read_records(out)) < 6:
+            await asyncio.sleep(0.02)
+        run.cancel()  # as if the process stopped: unfinished trajectories are not written
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        return len(read_records(out))
+
+    first = asyncio.run(interrupted())
+    assert 6 <= first < 32
+    _, env2 = _synthetic(8, 4, tool_scale=0.5)
+    result = asyncio.run(_session(workers, out, tasks, env2, 4).run())
+    assert result.progress.resumed == first
+    assert_exactly_once(read_records(out), _keys(tasks, 4))
+
+
+def test_deadline_records_unfinished_trajectories_as_truncated(
+    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    _, workers = sim_pool
+    tasks, env = _synthetic(4, 2, tool_scale=20.0)  # tool calls of seconds: most cannot finish
+    out = tmp_path / "out.jsonl"
+    result = asyncio.run(_session(workers, out, tasks, env, 2, deadline_s=1.5).run())
+    assert result.deadline_hit
+    records = read_records(out)
+    assert_exactly_once(records, _keys(tasks, 2))
+    truncated = [r for r in records if r["status"] == "truncated"]
+    assert truncated and all(r["finish_reason"] == "deadline" for r in truncated)
+    assert all(len(r["response_mask"]) == len(r["response_token_ids"]) for r in records)
+
+
+def _tool_task(task_id: str, *replies: str) -> Task:
+    prompt = "solve it " + "".join(f"<reply>{r}</reply>" for r in replies)
+    return Task(task_id, ({"role": "user", "content": prompt},))
+
+
+def _call(name: str, **args: Any) -> str:
+    import json
+
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': args})}</tool_call>"
+
+
+def test_tools_environment_runs_tool_calls_and_reports_failures(
+    scripted_pool: tuple[LocalPool, list[WorkerEndpoint]], tool_server: ToolServer, tmp_path: Path
+) -> None:
+    _, workers = scripted_pool
+    endpoints = tuple(
+        ToolEndpointSpec(name, tool_server.url + path, timeout_s=0.3, retries=1)
+        for name, path in (("calc", "/ok"), ("junk", "/garbage"), ("flaky", "/flaky"))
+    )
+    tasks = [
+        _tool_task("ok", "let me compute " + _call("calc", x=2), "the answer is 4"),
+        _tool_task("garbage", _call("junk", q=1), "giving up"),
+        _tool_task("unknown", _call("nope"), "hmm"),
+        _tool_task("flaky", _call("flaky"), "done"),
+        _tool_task("broken", "<tool_call>{broken</tool_call>", "sorry"),
+    ]
+    env = ToolsEnvironment(ToolsSpec(endpoints=endpoints, on_error="message"))
+    out = tmp_path / "out.jsonl"
+    asyncio.run(_session(workers, out, tasks, env, 1).run())
+    records = {r["task_id"]: r for r in read_records(out)}
+    assert set(records) == {t.id for t in tasks}
+    ok = records["ok"]
+    assert ok["status"] == "done" and ok["turns"] == 2 and ok["tool_calls"] == 1
+    assert [m["role"] for m in ok["messages"]] == ["user", "assistant", "tool", "assistant"]
+    assert ok["messages"][2]["content"] == 'calc says {"x": 2}'
+    assert ok["messages"][3]["content"] == "the answer is 4"
+    assert_consistent(ok)
+    assert 0 in ok["response_mask"]  # the tool message's tokens are masked out
+    for name, text in (
+        ("garbage", 'is not JSON {"content": string}'),
+        ("unknown", "unknown tool 'nope'"),
+        ("broken", "not valid JSON"),
+    ):
+        r = records[name]
+        assert r["status"] == "done" and r["tool_errors"] == 1, name
+        assert r["messages"][2]["role"] == "tool" and text in r["messages"][2]["content"], name
+    # /flaky fails twice per trajectory; one retry is not enough
+    assert records["flaky"]["tool_errors"] == 1
+
+
+def test_tool_failure_can_fail_the_trajectory(
+    scripted_pool: tuple[LocalPool, list[WorkerEndpoint]], tool_server: ToolServer, tmp_path: Path
+) -> None:
+    _, workers = scripted_pool
+    endpoints = (ToolEndpointSpec("junk", tool_server.url + "/garbage", timeout_s=0.3, retries=2),)
+    env = ToolsEnvironment(ToolsSpec(endpoints=endpoints, on_error="fail"))
+    tasks = [_tool_task("a", _call("junk"), "never"), _tool_task("b", "no tools needed")]
+    out = tmp_path / "out.jsonl"
+    result = asyncio.run(_session(workers, out, tasks, env, 2).run())
+    records = read_records(out)
+    assert_exactly_once(records, _keys(tasks, 2))
+    failed = [r for r in records if r["task_id"] == "a"]
+    assert all(r["status"] == "failed" and "after 3 attempts" in r["error"] for r in failed)
+    assert all(r["status"] == "done" for r in records if r["task_id"] == "b")
+    assert result.progress.failed == 2
+    assert len([c for c in tool_server.calls if c[0] == "/garbage"]) == 2 * 3
