@@ -1,0 +1,112 @@
+"""Rollouts on real vLLM workers (CPU build, a generated tiny model): the quickstart as the
+README runs it, a worker killed mid-run, and a session stopped and started again.
+
+Skipped only when vLLM is not installed; `.ci/run` installs it, so CI runs these.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from heddle.operator._client import WorkerEndpoint
+from heddle.operator._local import LocalPool
+from heddle.operator._session import RolloutSession, SessionResult
+
+from .conftest import assert_consistent, assert_exactly_once, read_records, start_pool
+from .test_session import _keys, _session, _synthetic
+
+try:
+    import vllm  # noqa: F401
+except ImportError:
+    if os.environ.get("CI"):  # CI installs the extra: a missing vLLM there is a failure
+        raise
+    pytest.skip("the vllm extra is not installed (pip install -e '.[vllm]')", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICK = ROOT / "examples" / "quickstart"
+
+
+def test_quickstart_as_in_the_readme(tmp_path: Path) -> None:
+    output = tmp_path / "rollout.jsonl"
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "heddle", "run", str(QUICK / "job.yaml"),
+            "--pool", str(QUICK / "pool.yaml"), "--output", str(output), "--plot", "--quiet",
+        ],  # fmt: skip
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / ".heddle" / "models" / "tiny" / "config.json").exists()
+    records = read_records(output)
+    assert_exactly_once(records, {(f"p{i:05d}", s) for i in range(16) for s in range(4)})
+    for record in records:
+        assert_consistent(record)
+        assert record["status"] == "done"
+    multi = [r for r in records if r["turns"] > 1]
+    assert multi and all(0 in r["response_mask"] for r in multi)  # tool tokens masked out
+    assert output.with_suffix(".png").stat().st_size > 10_000
+    assert "64 done, 0 failed of 64 trajectories" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def vllm_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalPool, list[WorkerEndpoint]]]:
+    """Two single-core vLLM workers on the tiny model."""
+    from heddle.worker._tiny_model import write_tiny_model
+
+    tmp = tmp_path_factory.mktemp("vllm-pool")
+    model = write_tiny_model(tmp / "model")
+    pool, workers = start_pool([1, 1], tmp, engine="vllm", model=str(model), max_model_len=4096)
+    try:
+        yield pool, workers
+    finally:
+        asyncio.run(pool.stop())
+
+
+def test_session_restart_then_worker_death_lose_nothing(
+    vllm_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    pool, workers = vllm_pool
+    tasks, env = _synthetic(8, 4, tool_scale=1.0)
+    out = tmp_path / "out.jsonl"
+
+    async def first() -> None:
+        run = asyncio.create_task(_session(workers, out, tasks, env, 4).run())
+        while not out.exists() or len(read_records(out)) < 6:
+            await asyncio.sleep(0.05)
+        run.cancel()  # the session stops; workers keep stale contexts of the unfinished ones
+        with pytest.raises(asyncio.CancelledError):
+            await run
+
+    asyncio.run(first())
+    before = len(read_records(out))
+    _, env2 = _synthetic(8, 4, tool_scale=1.0)
+
+    async def second() -> tuple[RolloutSession, SessionResult]:
+        session = _session(workers, out, tasks, env2, 4)
+        run = asyncio.create_task(session.run())
+        while len(read_records(out)) < before + 4:
+            await asyncio.sleep(0.05)
+        pool.kill(workers[0].name)
+        return session, await run
+
+    _, result = asyncio.run(second())
+    records = read_records(out)
+    assert_exactly_once(records, _keys(tasks, 4))
+    assert result.progress.resumed == before
+    assert result.worker_failures >= 1
+    assert all(r["status"] == "done" for r in records)
+    recomputed = [r for r in records if r["placement"]["recomputes"] > 0]
+    assert recomputed
+    for r in records:
+        assert_consistent(r)
