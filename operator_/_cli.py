@@ -20,7 +20,7 @@ from ._cli_run import add_run_parser
 
 __all__ = ["main"]
 
-BENCH_TARGETS = ("rollout", "placement", "shape", "predictor", "worker")
+BENCH_TARGETS = ("rollout", "placement", "shape", "predictor", "worker", "engines", "control-loop")
 DEFAULT_POLICIES = "heddle,verl,verl-star,slime"
 
 
@@ -83,7 +83,7 @@ def _print_predictor(r: dict[str, Any]) -> None:
 def _cmd_rollout(args: argparse.Namespace, out: Path) -> int:
     from . import _bench
 
-    policies = [p for p in args.policies.split(",") if p]
+    policies = [p for p in (args.policies or DEFAULT_POLICIES).split(",") if p]
     if args.ablation:
         policies += [p for p in _bench.ABLATION if p not in policies]
     report = _bench.run_rollout_bench(
@@ -112,9 +112,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if args.target == "rollout":
         return _cmd_rollout(args, out)
-    if args.target == "placement":
+    if args.target in ("engines", "control-loop"):
+        from ._session_bench import run_from_args
+
+        result = run_from_args(args, out)
+    elif args.target == "placement":
         result = mb.bench_placement(
-            trajectories=args.trajectories,
+            trajectories=args.trajectories or 4096,
             instances=args.instances,
             tp=args.tp,
             workload=args.workload,
@@ -129,7 +133,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             workload=args.workload,
             cluster=args.cluster,
             repeats=max(1, args.repeats // 4),
-            trajectories=args.trajectories,
+            trajectories=args.trajectories or 4096,
             seed=args.seed,
         )
         _print_shape(result)
@@ -298,8 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_bench.add_argument(
         "--policies",
-        default=DEFAULT_POLICIES,
-        help=f"comma-separated, for 'rollout' (default {DEFAULT_POLICIES})",
+        default=None,
+        help=f"comma-separated; 'rollout': {DEFAULT_POLICIES}, 'engines': heddle,verl,slime",
     )
     p_bench.add_argument(
         "--ablation",
@@ -318,7 +322,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--workloads", default="coding,search,math", help="comma-separated, for 'predictor'"
     )
     p_bench.add_argument("--cluster", default="64xh100", help="preset name or YAML file")
-    p_bench.add_argument("--trajectories", type=int, default=4096)
+    p_bench.add_argument(
+        "--trajectories", type=int, default=None, help="4096; 10000 for 'control-loop'"
+    )
+    p_bench.add_argument(
+        "--engine", choices=("vllm", "sim"), default="vllm", help="for 'engines': local workers"
+    )
+    p_bench.add_argument("--rounds", type=int, default=3, help="for 'engines': interleaved rounds")
+    p_bench.add_argument("--workers", type=int, default=2, help="for 'control-loop'")
+    p_bench.add_argument(
+        "--tool-time-scale",
+        type=float,
+        default=1.0,
+        help="'engines'/'control-loop': tool latency x",
+    )
     p_bench.add_argument("--instances", type=int, default=64, help="for 'placement'")
     p_bench.add_argument("--tp", type=int, default=1, help="instance TP, for 'placement'")
     p_bench.add_argument(

@@ -7,13 +7,14 @@ connection, timeout, 5xx: the step can run elsewhere) and
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from heddle.exceptions import WorkerRejectedError, WorkerUnavailableError
+
+from ._http import HttpError, HttpPool, HttpTimeoutError
 
 __all__ = ["StepReply", "WorkerClient", "WorkerEndpoint"]
 
@@ -41,10 +42,10 @@ class StepReply:
 
 
 class WorkerClient:
-    """Requests to one worker over a shared :class:`httpx.AsyncClient`."""
+    """Requests to one worker over its own keep-alive connection pool."""
 
     def __init__(
-        self, endpoint: WorkerEndpoint, http: httpx.AsyncClient, *, step_timeout_s: float = 600.0
+        self, endpoint: WorkerEndpoint, http: HttpPool, *, step_timeout_s: float = 600.0
     ) -> None:
         self.endpoint = endpoint
         self.http = http
@@ -55,28 +56,33 @@ class WorkerClient:
         return self.endpoint.name
 
     async def _request(
-        self, method: str, path: str, *, json: Any = None, timeout: float = 30.0
-    ) -> httpx.Response:
-        url = self.endpoint.url + path
+        self, method: str, path: str, *, json_body: Any = None, timeout: float = 30.0
+    ) -> Any:
+        body = None if json_body is None else json.dumps(json_body).encode()
         try:
-            reply = await self.http.request(method, url, json=json, timeout=timeout)
-        except httpx.TimeoutException:
+            status, reply = await self.http.request(method, path, body, timeout=timeout)
+        except HttpTimeoutError:
             raise WorkerUnavailableError(
                 self.name, f"{method} {path}: no answer in {timeout:g} s"
             ) from None
-        except httpx.HTTPError as exc:
+        except HttpError as exc:
+            raise WorkerUnavailableError(self.name, str(exc)) from None
+        if status >= 500:
             raise WorkerUnavailableError(
-                self.name, f"{method} {path}: {type(exc).__name__} {exc}"
-            ) from None
-        if reply.status_code >= 500:
-            raise WorkerUnavailableError(
-                self.name, f"{method} {path}: {_error(reply)}", reply.status_code
+                self.name, f"{method} {path}: {_error(status, reply)}", status
             )
-        if reply.status_code >= 400:
+        if status >= 400:
             raise WorkerRejectedError(
-                self.name, f"{method} {path}: {_error(reply)}", reply.status_code
+                self.name, f"{method} {path}: {_error(status, reply)}", status
             )
-        return reply
+        if not reply:
+            return None
+        try:
+            return json.loads(reply)
+        except ValueError:
+            raise WorkerUnavailableError(
+                self.name, f"{method} {path}: the reply is not JSON: {reply[:200]!r}"
+            ) from None
 
     async def generate(
         self,
@@ -86,19 +92,21 @@ class WorkerClient:
         append_token_ids: Sequence[int] | None = None,
         sampling: Mapping[str, Any],
         priority: int,
+        reset: bool = False,
     ) -> StepReply:
         body: dict[str, Any] = {"sampling": dict(sampling), "priority": priority}
+        if reset:
+            body["reset"] = True
         if append_token_ids is not None:
             body["append_token_ids"] = list(append_token_ids)
         elif messages:
             body["messages"] = [dict(m) for m in messages]
-        reply = await self._request(
+        data = await self._request(
             "POST",
             f"/v1/trajectories/{trajectory_id}/generate",
-            json=body,
+            json_body=body,
             timeout=self.step_timeout_s,
         )
-        data = reply.json()
         return StepReply(
             appended_token_ids=list(data.get("appended_token_ids", [])),
             token_ids=list(data["token_ids"]),
@@ -117,7 +125,7 @@ class WorkerClient:
         await self._request(
             "PUT",
             f"/v1/trajectories/{trajectory_id}",
-            json={"token_ids": list(token_ids), "warm": warm},
+            json_body={"token_ids": list(token_ids), "warm": warm},
             timeout=self.step_timeout_s,
         )
 
@@ -131,22 +139,22 @@ class WorkerClient:
 
     async def ready(self, timeout: float = 5.0) -> bool:
         try:
-            reply = await self.http.get(self.endpoint.url + "/readyz", timeout=timeout)
-        except httpx.HTTPError:
+            status, _ = await self.http.request("GET", "/readyz", timeout=timeout)
+        except HttpError:
             return False
-        return reply.status_code == 200
+        return status == 200
 
     async def state(self) -> dict[str, Any]:
-        reply = await self._request("GET", "/v1/state", timeout=10.0)
-        data: dict[str, Any] = reply.json()
+        data: dict[str, Any] = await self._request("GET", "/v1/state", timeout=10.0)
         return data
 
 
-def _error(reply: httpx.Response) -> str:
+def _error(status: int, reply: bytes) -> str:
+    text = reply.decode("utf-8", errors="replace")
     try:
-        data = reply.json()
+        data = json.loads(reply)
     except ValueError:
-        return f"{reply.status_code} {reply.text[:300]}"
+        return f"{status} {text[:300]}"
     if isinstance(data, dict) and "error" in data:
-        return f"{reply.status_code} {data['error']}"
-    return f"{reply.status_code} {reply.text[:300]}"
+        return f"{status} {data['error']}"
+    return f"{status} {text[:300]}"

@@ -39,10 +39,12 @@ class TrajectoryRun:
     steps_on: list[str] = field(default_factory=list)
     migrations: list[dict[str, Any]] = field(default_factory=list)
     recomputes: int = 0
+    retries: int = 0  # steps sent again after a failed request
     moving: asyncio.Task[None] | None = None
     tool_calls: int = 0
     tool_errors: int = 0
     started_at: float = 0.0
+    finished_at: float = 0.0
     queue_s: float = 0.0
     generate_s: float = 0.0
     status: str = "running"
@@ -83,7 +85,7 @@ class TrajectoryRun:
         prompt_len = self.prompt_len or 0
         response = self.tokens[prompt_len:]
         mask = self.mask[prompt_len:]
-        finished = time.time()
+        finished = self.finished_at or time.time()
         generated = sum(mask)
         rec: dict[str, Any] = {
             "task_id": self.task.id,

@@ -20,11 +20,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import httpx
-
 from heddle.exceptions import HeddleError, WorkerRejectedError, WorkerUnavailableError
 from heddle.scheduler import (
     ClusterView,
+    EngineInstance,
     FinishedTrajectory,
     PerfModel,
     Trajectory,
@@ -37,8 +36,10 @@ from heddle.scheduler import (
     make_predictor,
 )
 
+from ._admission import AdmissionWindow
 from ._client import StepReply, WorkerClient, WorkerEndpoint
 from ._environments import Environment
+from ._http import HttpPool
 from ._manifests import SamplingSpec
 from ._output import OutputSink, record_key
 from ._progress import Progress, SessionMetrics, TokenRate
@@ -60,6 +61,7 @@ class SessionConfig:
     unhealthy_after: int = 3  # consecutive failed probes that mark a live worker down
     no_worker_timeout_s: float = 300.0  # give up when no worker is live for this long
     progress_interval_s: float = 1.0  # how often on_progress is called
+    max_inflight_per_worker: int = 128  # requests in flight per worker; the rest queue here
 
 
 @dataclass
@@ -128,6 +130,12 @@ class RolloutSession:
         self._inflight: dict[str, set[asyncio.Task[StepReply]]] = {
             n: set() for n in self._endpoints
         }
+        self._clients: dict[str, WorkerClient] = {}
+        self._probes: dict[str, WorkerClient] = {}  # own connections: never queued behind steps
+        self._windows: dict[str, AdmissionWindow] = {}
+        self._instances: dict[str, EngineInstance] = {}
+        self._pools: dict[str, HttpPool] = {}  # per worker: steps, and probes apart
+        self._connected = False
         self._moving: set[str] = set()
         self._rate = TokenRate()
         self._tokens = 0
@@ -146,11 +154,24 @@ class RolloutSession:
         self._endpoints[endpoint.name] = endpoint
         self._load.setdefault(endpoint.name, 0)
         self._inflight.setdefault(endpoint.name, set())
-        if hasattr(self, "_clients"):
-            self._clients[endpoint.name] = WorkerClient(
-                endpoint, self._http, step_timeout_s=self.config.step_timeout_s
-            )
+        if self._connected:
+            self._connect(endpoint)
         self._live.add(endpoint.name)
+
+    def _connect(self, endpoint: WorkerEndpoint) -> None:
+        window = self.config.max_inflight_per_worker
+        name = endpoint.name
+        for pool in (self._pools.pop(name, None), self._pools.pop(f"{name}/probe", None)):
+            if pool is not None:
+                asyncio.get_running_loop().create_task(pool.aclose())
+        http = self._pools[name] = HttpPool(endpoint.url, window + 16)
+        probe = self._pools[f"{name}/probe"] = HttpPool(endpoint.url, 2)
+        timeout = self.config.step_timeout_s
+        self._clients[name] = WorkerClient(endpoint, http, step_timeout_s=timeout)
+        self._probes[name] = WorkerClient(endpoint, probe)
+        self._windows.setdefault(
+            endpoint.name, AdmissionWindow(self.config.max_inflight_per_worker)
+        )
 
     def drain_worker(self, name: str) -> None:
         """No new steps go there; contexts in tool calls migrate off (docs/operator.md)."""
@@ -189,33 +210,31 @@ class RolloutSession:
             self._predict(run)
         if self.runs:
             self.placement.replan([r.traj for r in self.runs.values()], self._view())
-        limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
         deadline_hit = False
-        async with httpx.AsyncClient(limits=limits) as http:
-            self._http = http
-            self._clients = {
-                n: WorkerClient(e, http, step_timeout_s=self.config.step_timeout_s)
-                for n, e in self._endpoints.items()
-            }
-            tasks = [
-                asyncio.create_task(self._trajectory(r), name=r.traj.id) for r in self.runs.values()
-            ]
-            helpers = [
-                asyncio.create_task(self._health_loop(), name="health"),
-                asyncio.create_task(self._progress_loop(), name="progress"),
-            ]
-            if self.policy.migration != "none" or self.policy.placement == "presorted-dp":
-                helpers.append(asyncio.create_task(self._replan_loop(), name="replan"))
-            try:
-                deadline_hit = await self._wait(tasks, helpers)
-            finally:
-                for t in [*tasks, *helpers]:
-                    t.cancel()
-                await asyncio.gather(*tasks, *helpers, return_exceptions=True)
-                await self.environment.close()
-                if deadline_hit:
-                    self._truncate_unfinished()
-                self.sink.close()
+        self._connected = True
+        for endpoint in self._endpoints.values():
+            self._connect(endpoint)
+        tasks = [
+            asyncio.create_task(self._trajectory(r), name=r.traj.id) for r in self.runs.values()
+        ]
+        helpers = [
+            asyncio.create_task(self._health_loop(), name="health"),
+            asyncio.create_task(self._progress_loop(), name="progress"),
+        ]
+        if self.policy.migration != "none" or self.policy.placement == "presorted-dp":
+            helpers.append(asyncio.create_task(self._replan_loop(), name="replan"))
+        try:
+            deadline_hit = await self._wait(tasks, helpers)
+        finally:
+            for t in [*tasks, *helpers]:
+                t.cancel()
+            await asyncio.gather(*tasks, *helpers, return_exceptions=True)
+            await self.environment.close()
+            for http in self._pools.values():
+                await http.aclose()
+            if deadline_hit:
+                self._truncate_unfinished()
+            self.sink.close()
         progress = self.progress()
         self._publish(progress)
         return SessionResult(
@@ -231,30 +250,48 @@ class RolloutSession:
     async def _wait(
         self, tasks: list[asyncio.Task[None]], helpers: list[asyncio.Task[None]]
     ) -> bool:
-        """Until every trajectory finished; True when the deadline cut the run short."""
-        pending: set[asyncio.Task[None]] = set(tasks)
-        end = None if self.deadline_s is None else self._started + self.deadline_s
-        while pending:
-            timeout = None if end is None else max(0.0, end - time.monotonic())
-            finished, pending = await asyncio.wait(
-                pending | set(helpers), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        """Until every trajectory finished; True when the deadline cut the run short.
+
+        Done-callbacks count finishes (``asyncio.wait`` on thousands of tasks would
+        re-register on every one of them after each finish).
+        """
+        remaining = len(tasks)
+        wake = asyncio.Event()
+        failures: list[BaseException] = []
+
+        def finished(task: asyncio.Task[None]) -> None:
+            nonlocal remaining
+            if task in helper_set or not task.cancelled():
+                error = None if task.cancelled() else task.exception()
+                if task in helper_set and error is None and not task.cancelled():
+                    error = HeddleError(f"session helper {task.get_name()} stopped")
+                if error is not None:
+                    failures.append(error)
+            if task not in helper_set:
+                remaining -= 1
+            if remaining == 0 or failures:
+                wake.set()
+
+        helper_set = set(helpers)
+        for t in [*tasks, *helpers]:
+            t.add_done_callback(finished)
+        if not tasks:
+            return False
+        timeout = None
+        if self.deadline_s is not None:
+            timeout = max(0.0, self._started + self.deadline_s - time.monotonic())
+        try:
+            await asyncio.wait_for(wake.wait(), timeout)
+        except TimeoutError:
+            log.warning(
+                "%s: deadline of %.0f s reached; recording %d unfinished trajectories as truncated",
+                self.job,
+                self.deadline_s,
+                remaining,
             )
-            pending -= set(helpers)
-            for helper in helpers:
-                if helper in finished:
-                    helper.result()  # a helper only returns by raising: surface it
-            for t in finished:
-                if t not in helpers and not t.cancelled() and t.exception() is not None:
-                    raise t.exception()  # type: ignore[misc]
-            if end is not None and time.monotonic() >= end and pending:
-                log.warning(
-                    "%s: deadline of %.0f s reached; recording %d unfinished trajectories "
-                    "as truncated",
-                    self.job,
-                    self.deadline_s,
-                    len(pending),
-                )
-                return True
+            return True
+        if failures:
+            raise failures[0]
         return False
 
     def _truncate_unfinished(self) -> None:
@@ -335,40 +372,29 @@ class RolloutSession:
             if run.moving is not None:
                 await asyncio.shield(run.moving)
             name = await self._route(run)
-            client = self._clients[name]
             self._load[name] += 1
-            traj.state = TrajectoryState.GENERATING
+            step = asyncio.create_task(self._attempt(run, name, sampling))
+            self._inflight[name].add(step)
             try:
-                if run.resident != name:
-                    if run.resident is not None:
-                        self._release_later(run.resident, traj.id)
-                    if run.tokens:  # the context is rebuilt here from the session's history
-                        run.recomputes += 1
-                        self._recomputes += 1
-                        self.metrics.recomputes.labels(self.job).inc()
-                    run.resident = None
-                    await client.import_context(traj.id, run.tokens, warm=False)
-                    run.resident = name
-                    traj.instance = name
-                call = client.generate(
-                    traj.id,
-                    messages=run.pending,
-                    sampling=sampling,
-                    priority=engine_priority(self.ordering.priority(traj)),
-                )
-                step = asyncio.create_task(call)
-                self._inflight[name].add(step)
-                try:
-                    await asyncio.wait({step})
-                finally:
-                    self._inflight[name].discard(step)
-                    if not step.done():
-                        step.cancel()
+                await asyncio.wait({step})
+            finally:
+                self._inflight[name].discard(step)
+                self._load[name] -= 1
+                if not step.done():
+                    step.cancel()
+            try:
                 if step.cancelled():
                     raise WorkerUnavailableError(name, "marked down while the step ran")
                 return name, step.result()
             except WorkerUnavailableError as exc:
-                run.resident = None
+                run.resident = None  # the worker may hold half a step: rebuild the context
+                run.retries += 1
+                if not step.cancelled() and await self._probes[name].ready(timeout=5.0):
+                    log.info(
+                        "%s: step of %s on %s failed (%s); retrying", self.job, traj.id, name, exc
+                    )
+                    await asyncio.sleep(min(2.0, 0.05 * run.retries))
+                    continue  # a dropped connection, not a dead worker
                 self._mark_down(name, str(exc))
             except WorkerRejectedError as exc:
                 run.resident = None
@@ -378,8 +404,41 @@ class RolloutSession:
                     await asyncio.sleep(0.5)  # an abandoned step still runs there
                     continue
                 raise
-            finally:
-                self._load[name] -= 1
+
+    async def _attempt(
+        self, run: TrajectoryRun, name: str, sampling: Mapping[str, object]
+    ) -> StepReply:
+        """In the worker's admission window: bring the context there if needed, then generate."""
+        traj = run.traj
+        window = self._windows[name]
+        await window.acquire(engine_priority(self.ordering.priority(traj)))
+        try:
+            traj.state = TrajectoryState.GENERATING
+            client = self._clients[name]
+            if run.resident != name:
+                if run.resident is not None:
+                    self._release_later(run.resident, traj.id)
+                if run.tokens:  # the context is rebuilt here from the session's history
+                    run.recomputes += 1
+                    self._recomputes += 1
+                    self.metrics.recomputes.labels(self.job).inc()
+                run.resident = None
+                if run.tokens:
+                    await client.import_context(traj.id, run.tokens, warm=False)
+            # A first step starts afresh ("reset"): a stale context of an earlier session goes.
+            reset = run.resident != name and not run.tokens
+            reply = await client.generate(
+                traj.id,
+                messages=run.pending,
+                sampling=sampling,
+                priority=engine_priority(self.ordering.priority(traj)),
+                reset=reset,
+            )
+            run.resident = name
+            traj.instance = name
+            return reply
+        finally:
+            window.release()
 
     async def _route(self, run: TrajectoryRun) -> str:
         while True:
@@ -397,7 +456,10 @@ class RolloutSession:
 
     def _view(self) -> ClusterView:
         names = sorted(n for n in self._live if n not in self._draining and n in self._endpoints)
-        instances = [self.perf.instance(n, self._endpoints[n].tp) for n in names]
+        for n in names:
+            if n not in self._instances:
+                self._instances[n] = self.perf.instance(n, self._endpoints[n].tp)
+        instances = [self._instances[n] for n in names]
         return ClusterView(instances, {n: self._load[n] for n in names})
 
     def _predict(self, run: TrajectoryRun) -> None:
@@ -408,6 +470,7 @@ class RolloutSession:
         self, run: TrajectoryRun, status: str, reason: str, error: str | None = None
     ) -> None:
         run.status, run.finish_reason, run.error = status, reason, error
+        run.finished_at = time.time()
         run.traj.state = TrajectoryState.FAILED if status == "failed" else TrajectoryState.DONE
         run.traj.predicted_remaining_tokens = 0.0
         if self.predictor is not None and status == "done":
@@ -460,7 +523,7 @@ class RolloutSession:
             await asyncio.sleep(self.config.health_interval_s)
             names = list(self._endpoints)
             answers = await asyncio.gather(
-                *(self._clients[n].ready(timeout=self.config.health_interval_s * 2) for n in names)
+                *(self._probes[n].ready(timeout=self.config.health_interval_s * 2) for n in names)
             )
             for name, ok in zip(names, answers, strict=True):
                 if ok:

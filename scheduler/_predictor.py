@@ -127,9 +127,12 @@ class _Group:
         default_factory=dict
     )
 
+    version: int = 0  # bumped whenever the group's evidence changes (prediction cache key)
+
     def invalidate(self) -> None:
         self.grid = self.log_w = None
         self.member_evidence.clear()
+        self.version += 1
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,9 @@ class SiblingPredictor(LengthPredictor):
         self._complete: list[list[FinishedTrajectory]] = []  # complete groups of this rollout
         self._pending: dict[str, list[FinishedTrajectory]] = {}
         self._fitted_on = 0
+        # id -> ((tokens, turns, group version), prediction): a tool result alone
+        # changes nothing the model sees, so re-predicting after it is free.
+        self._cache: dict[str, tuple[tuple[int, int, int], Prediction]] = {}
 
     @property
     def hyperparameters(self) -> dict[str, object]:
@@ -214,6 +220,7 @@ class SiblingPredictor(LengthPredictor):
         if group.live.get(trajectory.id) == progress:
             return
         group.live[trajectory.id] = progress
+        group.version += 1
         if group.grid is not None and group.log_w is not None and self.config.use_siblings:
             entry = self._member(group.grid, progress)
             old = group.member_evidence.get(trajectory.id)
@@ -223,6 +230,8 @@ class SiblingPredictor(LengthPredictor):
     def finish(self, trajectory: Trajectory) -> None:
         group = self._group(trajectory)
         group.live.pop(trajectory.id, None)
+        group.version += 1
+        self._cache.pop(trajectory.id, None)
         log_len = math.log(max(1, trajectory.generated_tokens))
         group.finished.append(log_len)
         if group.grid is not None and group.log_w is not None and self.config.use_siblings:
@@ -358,8 +367,17 @@ class SiblingPredictor(LengthPredictor):
         return grid, log_w
 
     def predict(self, trajectory: Trajectory) -> Prediction:
-        h = self._hyper
         group = self._group(trajectory)
+        key = (trajectory.generated_tokens, trajectory.turns, group.version)
+        cached = self._cache.get(trajectory.id)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        prediction = self._predict(trajectory, group)
+        self._cache[trajectory.id] = (key, prediction)
+        return prediction
+
+    def _predict(self, trajectory: Trajectory, group: _Group) -> Prediction:
+        h = self._hyper
         grid, log_w = self._posterior(group)
         progress = (trajectory.generated_tokens, trajectory.turns)
         recorded = group.member_evidence.get(trajectory.id)

@@ -182,9 +182,14 @@ def create_app(engine: Engine, *, grace_s: float = 30.0) -> FastAPI:
         elif body.messages is not None:
             text = engine.render_chat([msg.model_dump() for msg in body.messages], True)
             appended = engine.encode(text)
+        if body.reset and not appended:
+            raise ApiError(422, "reset needs append_token_ids or messages to start from")
         if trajectory_id not in state.contexts and not appended:
             _context(trajectory_id)  # raises 404
-        context = [*state.contexts.get(trajectory_id, []), *appended]
+        held = [] if body.reset else state.contexts.get(trajectory_id, [])
+        if body.reset and trajectory_id in state.contexts:
+            engine.release(trajectory_id)
+        context = [*held, *appended]
         _check_length(trajectory_id, len(context))
         sampling = body.sampling
         max_tokens = min(sampling.max_tokens, engine.max_model_len - len(context))

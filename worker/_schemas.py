@@ -47,6 +47,9 @@ class GenerateRequest(_Strict):
     )
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     priority: int = Field(0, description="lower runs first (vLLM priority scheduling)")
+    reset: bool = Field(
+        False, description="start the context afresh from what this request appends"
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> GenerateRequest:

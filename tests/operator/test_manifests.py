@@ -27,7 +27,10 @@ JOB: dict[str, Any] = {
     "spec": {
         "enginePool": "p",
         "tasks": {"path": "tasks.jsonl"},
-        "environment": {"type": "tools", "tools": {"endpoints": [{"name": "s", "url": "http://s"}]}},
+        "environment": {
+            "type": "tools",
+            "tools": {"endpoints": [{"name": "s", "url": "http://s"}]},
+        },
         "output": {"path": "/data/out.jsonl"},
     },
 }
@@ -90,7 +93,11 @@ def test_job_defaults() -> None:
         ("spec.tasks", {}, "give tasks"),
         ("spec.tasks", {"path": "a", "inline": [{}]}, "not ['inline', 'path']"),
         ("spec.environment.type", "gym", "type='gym'; choose one of"),
-        ("spec.environment.tools.endpoints", [{"name": "s", "url": "s:80"}], "must start with http"),
+        (
+            "spec.environment.tools.endpoints",
+            [{"name": "s", "url": "s:80"}],
+            "must start with http",
+        ),
         ("spec.output", {}, "output.path is required"),
         ("spec.deadlineSeconds", -5, "deadlineSeconds=-5 must be > 0"),
         ("spec.enginePool", None, "enginePool is required"),
@@ -113,7 +120,7 @@ def test_synthetic_job_needs_no_tasks() -> None:
 def test_manifest_file_checks_kind_and_api_version(tmp_path: Path) -> None:
     bad = tmp_path / "x.yaml"
     bad.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n")
-    with pytest.raises(ManifestError, match="use 'heddle.dev/v1alpha1'"):
+    with pytest.raises(ManifestError, match=r"use 'heddle\.dev/v1alpha1'"):
         load_manifests(bad)
     bad.write_text("a: [1, 2\n")
     with pytest.raises(ManifestError, match="not valid YAML"):

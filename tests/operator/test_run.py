@@ -34,7 +34,12 @@ def _job(tmp: Path, spec: dict[str, object], name: str = "job") -> Path:
             "apiVersion": "heddle.dev/v1alpha1",
             "kind": "EnginePool",
             "metadata": {"name": "local"},
-            "spec": {"model": "tiny", "gpus": 2, "gpusPerNode": 2, "shape": [{"tp": 1, "replicas": 2}]},
+            "spec": {
+                "model": "tiny",
+                "gpus": 2,
+                "gpusPerNode": 2,
+                "shape": [{"tp": 1, "replicas": 2}],
+            },
         },
         {
             "apiVersion": "heddle.dev/v1alpha1",
@@ -66,7 +71,9 @@ def test_tools_job_with_malformed_tasks(tmp_path: Path, tool_server: ToolServer)
             "environment": {"type": "tools", "tools": {"endpoints": [endpoint]}},
         },
     )
-    proc = _heddle("run", str(job), "--engine", "sim", "--scripted-replies", "--quiet", cwd=tmp_path)
+    proc = _heddle(
+        "run", str(job), "--engine", "sim", "--scripted-replies", "--quiet", cwd=tmp_path
+    )
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
     assert "4 done, 0 failed of 4 trajectories" in out
@@ -109,7 +116,9 @@ def test_killed_run_resumes_without_loss_or_duplicates(tmp_path: Path) -> None:
     }
     job = _job(tmp_path, spec)
     output = tmp_path / "out" / "rollout.jsonl"
-    proc = _heddle("run", str(job), "--engine", "sim", "--time-scale", "0.05", "--quiet", cwd=tmp_path)
+    proc = _heddle(
+        "run", str(job), "--engine", "sim", "--time-scale", "0.05", "--quiet", cwd=tmp_path
+    )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and (not output.exists() or len(read_records(output)) < 8):
         assert proc.poll() is None, proc.communicate()[0]
@@ -125,7 +134,9 @@ def test_killed_run_resumes_without_loss_or_duplicates(tmp_path: Path) -> None:
         while _alive(pid) and time.monotonic() < end:
             time.sleep(0.1)
         assert not _alive(pid), f"worker {pid} outlived its heddle run"
-    again = _heddle("run", str(job), "--engine", "sim", "--time-scale", "0.05", "--quiet", cwd=tmp_path)
+    again = _heddle(
+        "run", str(job), "--engine", "sim", "--time-scale", "0.05", "--quiet", cwd=tmp_path
+    )
     out, _ = again.communicate(timeout=120)
     assert again.returncode == 0, out
     assert f"({written} already in the output)" in out

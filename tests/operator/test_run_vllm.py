@@ -27,7 +27,9 @@ try:
 except ImportError:
     if os.environ.get("CI"):  # CI installs the extra: a missing vLLM there is a failure
         raise
-    pytest.skip("the vllm extra is not installed (pip install -e '.[vllm]')", allow_module_level=True)
+    pytest.skip(
+        "the vllm extra is not installed (pip install -e '.[vllm]')", allow_module_level=True
+    )
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "examples" / "quickstart"
@@ -37,9 +39,18 @@ def test_quickstart_as_in_the_readme(tmp_path: Path) -> None:
     output = tmp_path / "rollout.jsonl"
     proc = subprocess.run(
         [
-            sys.executable, "-m", "heddle", "run", str(QUICK / "job.yaml"),
-            "--pool", str(QUICK / "pool.yaml"), "--output", str(output), "--plot", "--quiet",
-        ],  # fmt: skip
+            sys.executable,
+            "-m",
+            "heddle",
+            "run",
+            str(QUICK / "job.yaml"),
+            "--pool",
+            str(QUICK / "pool.yaml"),
+            "--output",
+            str(output),
+            "--plot",
+            "--quiet",
+        ],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -60,7 +71,9 @@ def test_quickstart_as_in_the_readme(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def vllm_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalPool, list[WorkerEndpoint]]]:
+def vllm_pool(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[LocalPool, list[WorkerEndpoint]]]:
     """Two single-core vLLM workers on the tiny model."""
     from heddle.worker._tiny_model import write_tiny_model
 

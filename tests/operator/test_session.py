@@ -14,10 +14,10 @@ from heddle.operator._local import LocalPool
 from heddle.operator._manifests import SamplingSpec, ToolEndpointSpec, ToolsSpec
 from heddle.operator._output import OutputSink
 from heddle.operator._presets import load_workload
+from heddle.operator._run import perf_model_for  # noqa: F401 - keeps the public helper imported
 from heddle.operator._session import RolloutSession, SessionConfig, SessionResult
 from heddle.operator._tasks import Task
 from heddle.operator._tools import ToolsEnvironment
-from heddle.operator._run import perf_model_for  # noqa: F401 - keeps the public helper imported
 from heddle.scheduler import HARDWARE_PRESETS, MODEL_PRESETS, PerfModel
 
 from .conftest import ToolServer, assert_consistent, assert_exactly_once, read_records
@@ -28,7 +28,9 @@ PERF = PerfModel(MODEL_PRESETS["qwen3-8b"], HARDWARE_PRESETS["h100-sxm"])
 FAST = SessionConfig(replan_interval_s=0.3, health_interval_s=0.2, unhealthy_after=2)
 
 
-def _synthetic(tasks: int, samples: int, tool_scale: float = 0.05) -> tuple[list[Task], Environment]:
+def _synthetic(
+    tasks: int, samples: int, tool_scale: float = 0.05
+) -> tuple[list[Task], Environment]:
     return (
         synthetic_tasks(tasks, WORKLOAD, seed=0),
         SyntheticEnvironment(WORKLOAD, tasks, samples, seed=0, tool_time_scale=tool_scale),

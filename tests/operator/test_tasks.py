@@ -17,7 +17,8 @@ def test_jsonl_tasks_with_malformed_lines(tmp_path: Path) -> None:
             [
                 '{"id": "a", "prompt": "add 2 and 2"}',
                 "{not json",
-                '{"id": "b", "messages": [{"role": "user", "content": "hi"}], "system": "be brief"}',
+                '{"id": "b", "messages": [{"role": "user", "content": "hi"}], '
+                '"system": "be brief"}',
                 '["a", "list"]',
                 '{"id": "c"}',
                 "",
@@ -48,5 +49,5 @@ def test_inline_tasks_get_default_ids() -> None:
 
 
 def test_missing_task_file_says_which(tmp_path: Path) -> None:
-    with pytest.raises(ManifestError, match="cannot read the task file .*spec.tasks.path"):
+    with pytest.raises(ManifestError, match=r"cannot read the task file .*spec\.tasks\.path"):
         read_tasks(path=tmp_path / "nope.jsonl")

@@ -18,7 +18,7 @@ def test_hermes_parser_finds_calls_and_reports_bad_ones() -> None:
     text = (
         'think <tool_call>{"name": "search", "arguments": {"q": "kopf"}}</tool_call> and '
         '<tool_call>{"name": "calc", "arguments": "{\\"x\\": 1}"}</tool_call>'
-        "<tool_call>{oops}</tool_call><tool_call>{\"arguments\": {}}</tool_call>"
+        '<tool_call>{oops}</tool_call><tool_call>{"arguments": {}}</tool_call>'
     )
     calls, errors = HermesParser().parse(text)
     assert calls == [ToolCall("search", {"q": "kopf"}), ToolCall("calc", {"x": 1})]
