@@ -87,7 +87,7 @@ def _cmd_rollout(args: argparse.Namespace, out: Path) -> int:
     if args.ablation:
         policies += [p for p in _bench.ABLATION if p not in policies]
     report = _bench.run_rollout_bench(
-        workload=args.workload,
+        workload=args.workload or "coding",
         cluster=args.cluster,
         policies=policies,
         seed=args.seed,
@@ -121,7 +121,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             trajectories=args.trajectories or 4096,
             instances=args.instances,
             tp=args.tp,
-            workload=args.workload,
+            workload=args.workload or "coding",
             cluster=args.cluster,
             repeats=args.repeats,
             seed=args.seed,
@@ -130,7 +130,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     elif args.target == "shape":
         result = mb.bench_shape(
             gpus=args.gpus or 64,
-            workload=args.workload,
+            workload=args.workload or "coding",
             cluster=args.cluster,
             repeats=max(1, args.repeats // 4),
             trajectories=args.trajectories or 4096,
@@ -165,6 +165,22 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _engine_arg(text: str) -> tuple[str, Any]:
+    """``name=value`` of a vLLM engine argument; the value parsed as JSON when it is JSON."""
+    from heddle.exceptions import ConfigError
+
+    name, sep, raw = text.partition("=")
+    if not sep or not name.strip():
+        raise ConfigError(
+            f"--vllm-arg {text!r}: write it as name=value, e.g. max_num_batched_tokens=8192"
+        )
+    try:
+        value: Any = json.loads(raw)
+    except ValueError:
+        value = raw
+    return name.strip().replace("-", "_").lstrip("_"), value
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     import logging
 
@@ -184,10 +200,12 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                 model=args.model,
                 tp=args.tp,
                 max_model_len=args.max_model_len,
+                gpu_memory_utilization=args.gpu_memory_utilization,
                 block_size=args.block_size,
                 max_num_seqs=args.max_num_seqs,
                 kv_cache_gib=args.kv_cache_gib,
                 seed=args.seed,
+                engine_args=tuple(_engine_arg(a) for a in args.vllm_arg),
             )
         )
         serve(vllm_engine, host=args.host, port=args.port, grace_s=args.grace)
@@ -273,6 +291,16 @@ def build_parser() -> argparse.ArgumentParser:
     p_worker.add_argument("--block-size", type=int, default=None, help="vllm: KV block size")
     p_worker.add_argument("--max-num-seqs", type=int, default=100, help="vllm: batch cap")
     p_worker.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.9, help="vllm: share of GPU memory"
+    )
+    p_worker.add_argument(
+        "--vllm-arg",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="vllm: one more engine argument (repeatable), e.g. enable_chunked_prefill=true",
+    )
+    p_worker.add_argument(
         "--kv-cache-gib",
         type=int,
         default=1,
@@ -317,7 +345,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--model", default=None, help="for 'worker': a model directory")
     p_bench.add_argument("--concurrency", type=int, default=32, help="for 'worker'")
     p_bench.add_argument("--max-tokens", type=int, default=256, help="for 'worker': per step")
-    p_bench.add_argument("--workload", default="coding", help="preset name or YAML file")
+    p_bench.add_argument(
+        "--workload",
+        default=None,
+        help="preset name or YAML file (coding; quickstart for 'engines' and 'control-loop')",
+    )
     p_bench.add_argument(
         "--workloads", default="coding,search,math", help="comma-separated, for 'predictor'"
     )
@@ -329,6 +361,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine", choices=("vllm", "sim"), default="vllm", help="for 'engines': local workers"
     )
     p_bench.add_argument("--rounds", type=int, default=3, help="for 'engines': interleaved rounds")
+    p_bench.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=8,
+        help="for 'engines': vLLM batch cap per worker (below the concurrency: steps queue)",
+    )
     p_bench.add_argument("--workers", type=int, default=2, help="for 'control-loop'")
     p_bench.add_argument(
         "--tool-time-scale",

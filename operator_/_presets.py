@@ -13,7 +13,7 @@ from heddle.scheduler import ClusterSpec, WorkloadSpec
 
 __all__ = ["WORKLOAD_PRESETS", "load_cluster", "load_workload"]
 
-WORKLOAD_PRESETS = ("coding", "search", "math", "flat")
+WORKLOAD_PRESETS = ("coding", "search", "math", "flat", "quickstart")
 CLUSTER_PRESETS = {"64xh100": "cluster-64xh100.yaml"}
 
 

@@ -183,8 +183,9 @@ class RolloutSession:
         self._draining.discard(name)
 
     def resident_on(self, name: str) -> int:
-        """Unfinished trajectories whose context lives on ``name``."""
-        return sum(1 for r in self.runs.values() if r.resident == name and r.status == "running")
+        """Unfinished trajectories whose context lives on ``name``, or with a step there."""
+        held = sum(1 for r in self.runs.values() if r.resident == name and r.status == "running")
+        return held + len(self._inflight.get(name, ()))
 
     # -- the run ----------------------------------------------------------------------
     async def run(self) -> SessionResult:

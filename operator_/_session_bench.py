@@ -164,6 +164,7 @@ def bench_engines(
                 )
     return {
         "engine": options.engine,
+        "max_num_seqs": options.max_num_seqs,
         "shape": tps,
         "workload": workload.name,
         "trajectories": len(tasks) * samples,
@@ -289,11 +290,7 @@ def run_from_args(args: Any, out: Path) -> dict[str, Any]:
     from ._cli_run import _model_dir  # noqa: PLC0415
     from ._presets import load_workload  # noqa: PLC0415
 
-    quickstart = Path("examples/quickstart/workload.yaml")
-    name = (
-        args.workload if args.workload != "coding" or not quickstart.exists() else str(quickstart)
-    )
-    workload = load_workload(name)
+    workload = load_workload(args.workload or "quickstart")
     out.mkdir(parents=True, exist_ok=True)
     if args.target == "control-loop":
         return bench_control_loop(
@@ -310,6 +307,7 @@ def run_from_args(args: Any, out: Path) -> dict[str, Any]:
         engine=args.engine,
         model=model,
         max_model_len=4096 if args.engine == "vllm" else 1 << 20,
+        max_num_seqs=args.max_num_seqs,
         time_scale=1.0,
         log_dir=out / "logs",
     )

@@ -32,6 +32,7 @@ class VLLMConfig:
     dtype: str = "auto"
     kv_cache_gib: int = 1
     seed: int = 0
+    engine_args: tuple[tuple[str, Any], ...] = ()  # more vLLM engine args (EnginePool extraArgs)
 
 
 class VLLMEngine(Engine):
@@ -72,6 +73,7 @@ class VLLMEngine(Engine):
         extra: dict[str, Any] = {}
         if c.block_size is not None:
             extra["block_size"] = c.block_size
+        extra.update(dict(c.engine_args))
         args = AsyncEngineArgs(
             model=c.model,
             tensor_parallel_size=c.tp,

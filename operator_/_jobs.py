@@ -1,0 +1,308 @@
+"""RolloutJob lifecycle: validate, queue per pool, run the session, keep status current.
+
+:func:`run_job` is the body of the job's kopf daemon. It returns when the job
+reached Succeeded or Failed; the daemon stops with the job (deletion, or the
+operator exiting) by cancellation, which stops the session. A restarted
+operator starts the daemon again and the session resumes from the output
+file, so no trajectory is lost or written twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from heddle.exceptions import HeddleError, ManifestError
+
+from ._builders import condition, merge_conditions, now_iso
+from ._client import WorkerEndpoint
+from ._environments import synthetic_tasks
+from ._kube import CONFIGMAPS, ENGINEPOOLS, ROLLOUTJOBS, KubeClient
+from ._manifests import EnginePoolSpec, RolloutJobSpec
+from ._output import OutputSink
+from ._pools import PoolRuntime
+from ._progress import Progress, SessionMetrics
+from ._run import LocalJob, build_environment, perf_model_for, plan_shape
+from ._session import RolloutSession, SessionConfig
+from ._tasks import TaskSet, read_tasks
+
+__all__ = ["JobContext", "run_job"]
+
+log = logging.getLogger("heddle.operator.jobs")
+FINISHED = ("Succeeded", "Failed")
+
+
+@dataclass
+class JobContext:
+    """What a job's daemon shares with the rest of the operator."""
+
+    kube: KubeClient
+    pools: dict[tuple[str, str], PoolRuntime]
+    sessions: dict[tuple[str, str], RolloutSession]  # by (namespace, pool)
+    metrics: SessionMetrics
+    session_config: SessionConfig
+    status_interval_s: float = 1.0
+    poll_s: float = 1.0
+
+
+class _Status:
+    """Status patches of one job, at most one per ``interval_s`` unless forced."""
+
+    def __init__(self, ctx: JobContext, body: Mapping[str, Any]) -> None:
+        self.ctx = ctx
+        meta = body["metadata"]
+        self.namespace, self.name = meta.get("namespace", "default"), meta["name"]
+        self.generation = meta.get("generation")
+        self.conditions: list[dict[str, Any]] = list(
+            (body.get("status") or {}).get("conditions", [])
+        )
+        self.last = 0.0
+        self.phase = (body.get("status") or {}).get("phase")
+
+    async def write(
+        self,
+        phase: str,
+        conditions: Sequence[Mapping[str, Any]] = (),
+        force: bool = True,
+        **fields: Any,
+    ) -> None:
+        now = time.monotonic()
+        if not force and phase == self.phase and now - self.last < self.ctx.status_interval_s:
+            return
+        self.conditions = merge_conditions(self.conditions, conditions)
+        status = {
+            "phase": phase,
+            "observedGeneration": self.generation,
+            "conditions": self.conditions,
+        }
+        status.update(fields)
+        await self.ctx.kube.patch(
+            ROLLOUTJOBS, self.namespace, self.name, {"status": status}, status=True
+        )
+        self.last, self.phase = now, phase
+
+
+def _progress_fields(p: Progress) -> dict[str, Any]:
+    return {
+        "total": p.total,
+        "queued": p.queued,
+        "running": p.generating,
+        "inTool": p.in_tool,
+        "done": p.done,
+        "failed": p.failed,
+        "progress": f"{p.done + p.failed}/{p.total}",
+        "tokens": p.tokens,
+        "tokensPerSecond": round(p.tokens_per_s),
+        "elapsedSeconds": round(p.elapsed_s, 1),
+        **({"etaSeconds": round(p.eta_s, 1)} if p.eta_s is not None else {}),
+    }
+
+
+async def _first_in_queue(ctx: JobContext, body: Mapping[str, Any], pool: str) -> str | None:
+    """The name of the job ahead of this one on its pool, if any (creation order)."""
+    meta = body["metadata"]
+    jobs = await ctx.kube.list(ROLLOUTJOBS, meta.get("namespace", "default"))
+    waiting = [
+        j
+        for j in jobs
+        if (j.get("spec") or {}).get("enginePool") == pool
+        and (j.get("status") or {}).get("phase") not in FINISHED
+        and not j["metadata"].get("deletionTimestamp")
+    ]
+    waiting.sort(key=lambda j: (j["metadata"].get("creationTimestamp", ""), j["metadata"]["name"]))
+    if waiting and waiting[0]["metadata"]["name"] != meta["name"]:
+        return str(waiting[0]["metadata"]["name"])
+    return None
+
+
+async def _tasks(ctx: JobContext, job: RolloutJobSpec) -> TaskSet:
+    if job.tasks.inline is not None:
+        return read_tasks(inline=job.tasks.inline)
+    if job.tasks.path is not None:
+        return read_tasks(path=Path(job.tasks.path))
+    if job.tasks.config_map is not None:
+        name, key = job.tasks.config_map
+        cm = await ctx.kube.get(CONFIGMAPS, job.namespace, name)
+        if cm is None or key not in (cm.get("data") or {}):
+            raise ManifestError(
+                f"ConfigMap {name!r} with key {key!r} not found in namespace {job.namespace}; "
+                "create it or fix spec.tasks.configMap"
+            )
+        return read_tasks(text=cm["data"][key])
+    return TaskSet([], [])
+
+
+def _ready_workers(pool_body: Mapping[str, Any]) -> dict[str, WorkerEndpoint]:
+    return {
+        i["name"]: WorkerEndpoint(i["name"], i["endpoint"], int(i["tp"]))
+        for i in (pool_body.get("status") or {}).get("instances", [])
+        if i.get("phase") == "Ready" and i.get("endpoint")
+    }
+
+
+def _draining(pool_body: Mapping[str, Any]) -> set[str]:
+    return {
+        i["name"]
+        for i in (pool_body.get("status") or {}).get("instances", [])
+        if i.get("phase") in ("Draining", "Failed")
+    }
+
+
+async def run_job(
+    ctx: JobContext,
+    body: Mapping[str, Any],
+    stopped: Callable[[], bool],
+    sleep: Callable[[float], Awaitable[Any]],
+) -> None:
+    status = _Status(ctx, body)
+    if status.phase in FINISHED:
+        return
+    try:
+        job = RolloutJobSpec.from_manifest(body)
+    except ManifestError as exc:
+        await status.write("Failed", [condition("Valid", False, "InvalidSpec", str(exc))])
+        return
+    valid = condition("Valid", True, "SpecValid", "the spec is valid")
+    # Wait for the pool and for our turn on it.
+    while not stopped():
+        ahead = await _first_in_queue(ctx, body, job.engine_pool)
+        pool_body = await ctx.kube.get(ENGINEPOOLS, job.namespace, job.engine_pool)
+        if ahead is not None:
+            await status.write("Queued", [valid, condition(
+                "Running", False, "WaitingForPool",
+                f"job {ahead!r} runs on pool {job.engine_pool!r} first",
+            )])  # fmt: skip
+        elif pool_body is None:
+            await status.write("Pending", [valid, condition(
+                "PoolReady", False, "PoolNotFound",
+                f"EnginePool {job.engine_pool!r} does not exist in namespace {job.namespace}; "
+                "create it or fix spec.enginePool",
+            )])  # fmt: skip
+        elif not _ready_workers(pool_body):
+            await status.write("Pending", [valid, condition(
+                "PoolReady", False, "NoReadyInstances",
+                f"EnginePool {job.engine_pool!r} has no ready instance yet",
+            )])  # fmt: skip
+        else:
+            break
+        await sleep(ctx.poll_s)
+    if stopped():
+        return
+    assert pool_body is not None
+    try:
+        await _run_session(ctx, job, pool_body, status, stopped, sleep, valid)
+    except (ManifestError, HeddleError) as exc:
+        await status.write("Failed", [condition("Complete", False, "SessionFailed", str(exc))],
+                           completionTime=now_iso())  # fmt: skip
+
+
+async def _run_session(
+    ctx: JobContext,
+    job: RolloutJobSpec,
+    pool_body: Mapping[str, Any],
+    status: _Status,
+    stopped: Callable[[], bool],
+    sleep: Callable[[float], Awaitable[Any]],
+    valid: dict[str, str],
+) -> None:
+    pool = EnginePoolSpec.from_manifest(pool_body)
+    tasks = await _tasks(ctx, job)
+    local = LocalJob(job, pool, tasks, None, Path(job.output_path), Path("."))
+    if job.environment.synthetic is not None:
+        from ._run import _workload  # noqa: PLC0415
+
+        local.workload = _workload(job, Path("."))
+        if not tasks.tasks and local.workload is not None:
+            local.tasks = TaskSet(
+                synthetic_tasks(
+                    local.workload.prompts, local.workload, job.environment.synthetic.seed
+                ),
+                [],
+            )
+    perf = perf_model_for(pool)
+    key = (job.namespace, job.engine_pool)
+    runtime = ctx.pools.setdefault(key, PoolRuntime())
+    if pool.shape is None:
+        runtime.planned = plan_shape(local, perf)
+    workers = _ready_workers(pool_body)
+    session = RolloutSession(
+        job=job.name,
+        tasks=local.tasks.tasks,
+        samples_per_task=job.samples_per_task,
+        environment=build_environment(local),
+        workers=list(workers.values()),
+        sink=OutputSink(local.output),
+        perf=perf,
+        sampling=job.sampling,
+        max_turns=job.max_turns,
+        policy=job.policy,
+        deadline_s=job.deadline_s,
+        malformed_tasks=len(local.tasks.errors),
+        config=ctx.session_config,
+        metrics=ctx.metrics,
+    )
+    ctx.sessions[key] = session
+    started = now_iso()
+    running = [valid, condition("PoolReady", True, "InstancesReady", f"{len(workers)} instances"),
+               condition("Running", True, "SessionRunning", f"policy {job.policy}")]  # fmt: skip
+    await status.write("Running", running, startTime=started)
+    task = asyncio.create_task(session.run())
+    try:
+        while not task.done():
+            if stopped():
+                task.cancel()
+                break
+            await _sync_workers(ctx, job, session, workers)
+            await status.write("Running", force=False, **_progress_fields(session.progress()))
+            await asyncio.wait({task}, timeout=ctx.status_interval_s)
+        with contextlib.suppress(asyncio.CancelledError):
+            result = await task
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        ctx.sessions.pop(key, None)
+    if stopped() or task.cancelled():
+        return
+    p = result.progress
+    message = f"{p.done} done, {p.failed} failed of {p.total}"
+    if result.deadline_hit:
+        message += " (deadline reached: unfinished ones recorded as truncated)"
+    await status.write(
+        "Succeeded",
+        [
+            condition("Running", False, "Finished", message),
+            condition("Complete", True, "AllRecorded", message),
+        ],
+        completionTime=now_iso(),
+        **_progress_fields(p),
+    )
+
+
+async def _sync_workers(
+    ctx: JobContext, job: RolloutJobSpec, session: RolloutSession, known: dict[str, WorkerEndpoint]
+) -> None:
+    pool_body = await ctx.kube.get(ENGINEPOOLS, job.namespace, job.engine_pool)
+    if pool_body is None:
+        return
+    ready = _ready_workers(pool_body)
+    draining = _draining(pool_body)
+    for name, endpoint in ready.items():
+        if known.get(name) != endpoint:
+            if name in known:
+                session.remove_worker(name)
+            session.add_worker(endpoint)
+            known[name] = endpoint
+    for name in list(known):
+        if name in draining:
+            session.drain_worker(name)
+        elif name not in ready and name not in draining:
+            session.remove_worker(name)
+            known.pop(name)

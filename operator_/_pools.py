@@ -1,0 +1,229 @@
+"""EnginePool reconciliation: pods for the shape, drains, replacements, status.
+
+One call of :func:`reconcile_pool` is one round: read the pods, decide with
+:func:`plan_pool`, apply, write status if it changed. The kopf daemon of
+each pool calls it about once a second (``OperatorConfig.reconcile_interval_s``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from heddle.exceptions import ManifestError
+from heddle.scheduler import PoolShape
+
+from ._builders import (
+    DRAINING,
+    LABEL_POOL,
+    LABEL_TP,
+    SPEC_HASH,
+    WORKER_PORT,
+    condition,
+    headless_service,
+    merge_conditions,
+    pod_phase,
+    shape_entries,
+    spec_hash,
+    worker_pod,
+)
+from ._kube import ENGINEPOOLS, PODS, SERVICES, ApiError, KubeClient
+from ._manifests import EnginePoolSpec
+from ._reconcile import PodView, plan_pool
+
+__all__ = ["PoolRuntime", "baseline_shape", "reconcile_pool"]
+
+log = logging.getLogger("heddle.operator.pools")
+DRAINING_SINCE = "heddle.dev/draining-since"
+
+
+@dataclass
+class PoolRuntime:
+    """What the operator remembers about a pool between rounds (lost on restart: fine)."""
+
+    planned: PoolShape | None = None  # set by the running job's shape planner ('auto')
+    last_status: dict[str, Any] = field(default_factory=dict)
+    reshapes: int = 0
+
+
+def baseline_shape(pool: EnginePoolSpec) -> PoolShape:
+    tp = min(pool.tensor_parallel_sizes)
+    return PoolShape.of({tp: pool.gpus // tp})
+
+
+def desired_shape(pool: EnginePoolSpec, runtime: PoolRuntime) -> tuple[PoolShape, str]:
+    if pool.shape is not None:
+        return pool.shape, "pinned"
+    if runtime.planned is not None:
+        return runtime.planned, "planned"
+    return baseline_shape(pool), "baseline"
+
+
+def _views(pods: Sequence[Mapping[str, Any]], current_hash: str) -> list[PodView]:
+    views = []
+    for pod in pods:
+        meta = pod.get("metadata", {})
+        labels = meta.get("labels") or {}
+        annotations = meta.get("annotations") or {}
+        views.append(
+            PodView(
+                name=meta["name"],
+                tp=int(labels.get(LABEL_TP, "1")),
+                phase=pod_phase(pod),
+                terminating=bool(meta.get("deletionTimestamp")),
+                draining=annotations.get(DRAINING) == "true",
+                outdated=annotations.get(SPEC_HASH) != current_hash,
+            )
+        )
+    return views
+
+
+def endpoint(pod: Mapping[str, Any]) -> str | None:
+    ip = (pod.get("status") or {}).get("podIP")
+    return f"http://{ip}:{WORKER_PORT}" if ip else None
+
+
+async def reconcile_pool(
+    kube: KubeClient,
+    body: Mapping[str, Any],
+    runtime: PoolRuntime,
+    *,
+    resident: Mapping[str, int],
+    drain_timeout_s: float,
+) -> None:
+    """One round. ``resident`` counts unfinished trajectories per instance (the job's session)."""
+    meta = body["metadata"]
+    name, namespace = meta["name"], meta.get("namespace", "default")
+    status = dict(body.get("status") or {})
+    try:
+        pool = EnginePoolSpec.from_manifest(body)
+    except ManifestError as exc:
+        await _patch_status(
+            kube, body, runtime, {"conditions": merge_conditions(
+                status.get("conditions", []),
+                [condition("Degraded", True, "InvalidSpec", str(exc)),
+                 condition("Ready", False, "InvalidSpec", "fix the spec (see Degraded)")],
+            ), "observedGeneration": meta.get("generation")},
+        )  # fmt: skip
+        return
+    desired, source = desired_shape(pool, runtime)
+    pods = await kube.list(PODS, namespace, {LABEL_POOL: name})
+    views = _views(pods, spec_hash(pool))
+    now = time.time()
+    drained = set()
+    for pod, view in zip(pods, views, strict=True):
+        if not view.draining:
+            continue
+        since = float((pod["metadata"].get("annotations") or {}).get(DRAINING_SINCE, now))
+        if resident.get(view.name, 0) == 0 or now - since > drain_timeout_s:
+            drained.add(view.name)
+    actions = plan_pool(name, views, desired, pool.gpus, drained)
+    for note in actions.notes:
+        log.info("EnginePool %s/%s: %s", namespace, name, note)
+    for pod_name in actions.drain:
+        await kube.patch(
+            PODS, namespace, pod_name,
+            {"metadata": {"annotations": {DRAINING: "true", DRAINING_SINCE: str(now)}}},
+        )  # fmt: skip
+        await kube.event(body, "Draining", f"draining {pod_name} before removing it")
+    for pod_name in actions.delete:
+        await kube.delete(PODS, namespace, pod_name)
+        await kube.event(body, "Deleted", f"deleted instance {pod_name}")
+    for pod_name, tp in actions.create:
+        try:
+            await kube.create(PODS, namespace, worker_pod(pool, body, pod_name, tp))
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+        await kube.event(body, "Created", f"created instance {pod_name} (TP{tp})")
+    if actions.drain or actions.create:
+        runtime.reshapes += 1
+    if await kube.get(SERVICES, namespace, name) is None:
+        try:
+            await kube.create(SERVICES, namespace, headless_service(pool, body))
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+    await _write_status(
+        kube, body, runtime, pool, desired, source, pods, views, actions.blocked_gpus
+    )
+
+
+async def _write_status(
+    kube: KubeClient,
+    body: Mapping[str, Any],
+    runtime: PoolRuntime,
+    pool: EnginePoolSpec,
+    desired: PoolShape,
+    source: str,
+    pods: Sequence[Mapping[str, Any]],
+    views: list[PodView],
+    blocked_gpus: int,
+) -> None:
+    ready = PoolShape.of(Counter(v.tp for v in views if v.phase == "Ready"))
+    instances = [
+        {"name": v.name, "tp": v.tp, "endpoint": endpoint(p) or "", "phase": v.phase}
+        for p, v in sorted(zip(pods, views, strict=True), key=lambda pv: pv[1].name)
+    ]
+    active = Counter(v.tp for v in views if v.active)
+    complete = all(active.get(tp, 0) == n for tp, n in desired.counts) and sum(active.values()) == (
+        desired.num_instances
+    )
+    all_ready = ready == desired and complete
+    draining = [v.name for v in views if v.draining or v.terminating]
+    failed = [v.name for v in views if v.phase == "Failed"]
+    reshaping = not complete or bool(draining)
+    updates = [
+        condition(
+            "Ready",
+            all_ready,
+            "AllInstancesReady" if all_ready else "InstancesNotReady",
+            f"{sum(c for _, c in ready.counts)}/{desired.num_instances} instances ready",
+        ),
+        condition(
+            "Reshaping",
+            reshaping,
+            "ShapeChanging" if reshaping else "ShapeReached",
+            f"towards {desired} ({source}); draining {draining}" if reshaping else str(desired),
+        ),
+        condition(
+            "Degraded",
+            bool(failed) or (blocked_gpus > 0 and not draining),
+            "InstanceFailed" if failed else ("OverBudget" if blocked_gpus else "Healthy"),
+            f"failed instances {failed} are being replaced" if failed else (
+                f"{blocked_gpus} GPUs of the shape do not fit the budget {pool.gpus}"
+                if blocked_gpus else "no failed instances"
+            ),
+        ),
+    ]  # fmt: skip
+    status = {
+        "observedGeneration": body["metadata"].get("generation"),
+        "shape": {
+            "desired": shape_entries(desired),
+            "ready": shape_entries(ready),
+            "summary": str(desired),
+            "readySummary": f"{sum(c for _, c in ready.counts)}/{desired.num_instances}",
+            "source": source,
+        },
+        "instances": instances,
+    }
+    comparable = {**status, "conditions": [(c["type"], c["status"], c["message"]) for c in updates]}
+    if comparable == runtime.last_status:
+        return
+    current = (body.get("status") or {}).get("conditions", [])
+    status["conditions"] = merge_conditions(current, updates)
+    await _patch_status(kube, body, runtime, status)
+    runtime.last_status = comparable
+
+
+async def _patch_status(
+    kube: KubeClient, body: Mapping[str, Any], runtime: PoolRuntime, status: dict[str, Any]
+) -> None:
+    meta = body["metadata"]
+    await kube.patch(
+        ENGINEPOOLS, meta.get("namespace", "default"), meta["name"], {"status": status}, status=True
+    )

@@ -1,0 +1,285 @@
+"""A Kubernetes API server over real HTTP (kmock) and a kubelet that runs real workers.
+
+``ApiServer`` fakes the API server: kmock's emulator keeps objects and serves
+lists, watches and patches; the subclass adds what kopf relies on and kmock
+leaves out (uid, resourceVersion, generation, creationTimestamp,
+generateName, status-subresource semantics, 409 on a stale resourceVersion).
+Custom objects are validated against the CRD schemas in ``crds/`` on create
+and update, as a real server would (422 with the schema error).
+
+``Kubelet`` fakes the node: it polls Pods through the same HTTP API, starts a
+real ``heddle worker`` process (simulated engine) for each on its own
+loopback address (127.0.0.2, 127.0.0.3, ...) at the worker port, writes
+podIP, phase Running and the Ready condition, and kills the process when the
+Pod is deleted. It records the GPUs held after every change it observes, so
+tests can assert the budget held at every moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import datetime as dt
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import kmock
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CORE = ("pods", "services", "configmaps", "events")
+
+
+def crd_schemas() -> dict[str, dict[str, Any]]:
+    """plural -> the openAPIV3Schema of each CRD in crds/."""
+    out = {}
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        out[crd["spec"]["names"]["plural"]] = crd["spec"]["versions"][0]["schema"][
+            "openAPIV3Schema"
+        ]
+    return out
+
+
+def validate(plural: str, obj: dict[str, Any]) -> None:
+    """Raise ``jsonschema.ValidationError`` if ``obj`` breaks its CRD schema."""
+    schema = crd_schemas()[plural]
+    jsonschema.Draft4Validator(schema).validate(obj)
+
+
+class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
+    """kmock's emulator plus server-side fields, status semantics and schema checks."""
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self._rv = itertools.count(1)
+        self._schemas = crd_schemas()
+        for path in sorted((ROOT / "crds").glob("*.yaml")):
+            crd = yaml.safe_load(path.read_text())
+            names = crd["spec"]["names"]
+            key = f"{crd['spec']['group']}/{crd['spec']['versions'][0]['name']}/{names['plural']}"
+            self.resources[key] = kmock.ResourceInfo(
+                kind=names["kind"],
+                singular=names["singular"],
+                namespaced=True,
+                shortnames=set(names.get("shortNames", [])),
+                categories=set(names.get("categories", [])),
+                subresources={"status"},
+                verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+            )
+        self.resources["v1/namespaces"] = kmock.ResourceInfo(
+            kind="Namespace", namespaced=False, verbs={"get", "list", "watch"}
+        )
+        for plural in CORE:
+            self.resources[f"v1/{plural}"] = kmock.ResourceInfo(
+                kind=plural[:-1].capitalize() if plural != "configmaps" else "ConfigMap",
+                namespaced=True,
+                subresources={"status"} if plural == "pods" else set(),
+                verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+            )
+
+    def _stored(self, request: Any) -> Any:
+        key = (request.resource, request.namespace, request.name)
+        if key not in self.objects:
+            return None
+        obj = self.objects[key]
+        return None if obj.deleted else obj
+
+    async def _handle(self, request: Any) -> Any:
+        if request.resource is not None and isinstance(request.data, dict):
+            action = str(getattr(request.action, "value", request.action)).lower()
+            plural = request.resource.plural
+            rv = str(next(self._rv))
+            if action == "create":
+                meta = request.data.setdefault("metadata", {})
+                if not meta.get("name") and meta.get("generateName"):
+                    meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+                meta.update(
+                    uid=str(uuid.uuid4()),
+                    resourceVersion=rv,
+                    generation=1,
+                    creationTimestamp=dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z"),
+                )
+                meta.setdefault("namespace", request.namespace or "default")
+                if plural in self._schemas:
+                    request.data.pop("status", None)
+                    self._check(plural, request.data)
+            elif action == "update" and request.name is not None:
+                stored = self._stored(request)
+                if stored is not None:
+                    sent = (request.data.get("metadata") or {}).get("resourceVersion")
+                    current = stored.get("metadata", {}).get("resourceVersion")
+                    if sent is not None and sent != current:
+                        raise kmock.KubernetesError(
+                            status=409,
+                            reason="Conflict",
+                            message=f"stale resourceVersion {sent}; the object is at {current}",
+                        )
+                    on_status = request.subresource == "status"
+                    if plural in self._schemas or plural == "pods":
+                        if on_status:  # only status changes through /status
+                            new_status = request.data.get("status")
+                            request.data.clear()
+                            request.data.update(status=new_status, metadata={})
+                        else:
+                            request.data.pop("status", None)
+                    meta = request.data.setdefault("metadata", {})
+                    meta["resourceVersion"] = rv
+                    spec = request.data.get("spec")
+                    if spec is not None and spec != stored.get("spec"):
+                        meta["generation"] = (
+                            int(stored.get("metadata", {}).get("generation", 1)) + 1
+                        )
+                    if plural in self._schemas:
+                        merged = copy.deepcopy(dict(stored))
+                        _merge(merged, request.data)
+                        self._check(plural, merged)
+        return await super()._handle(request)
+
+    def _check(self, plural: str, obj: dict[str, Any]) -> None:
+        try:
+            jsonschema.Draft4Validator(self._schemas[plural]).validate(_plain(obj))
+        except jsonschema.ValidationError as exc:
+            where = ".".join(str(p) for p in exc.absolute_path)
+            raise kmock.KubernetesError(
+                status=422, reason="Invalid", message=f"{plural} {where}: {exc.message}"
+            ) from None
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, dict) or hasattr(obj, "items"):
+        return {k: _plain(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, list):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def _merge(base: dict[str, Any], patch: dict[str, Any]) -> None:
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+
+
+@dataclass
+class _Running:
+    ip: str
+    process: subprocess.Popen[bytes]
+
+
+@dataclass
+class Kubelet:
+    """Plays the node for every Pod in ``namespace``; see the module docstring."""
+
+    api: str
+    log_dir: Path
+    namespace: str = "default"
+    time_scale: float = 0.02
+    budget_log: list[int] = field(default_factory=list)  # GPUs held by pods, after each change
+    running: dict[str, _Running] = field(default_factory=dict)
+    _ips: itertools.count[int] = field(default_factory=lambda: itertools.count(2))
+    _task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Kubelet:
+        self._http = httpx.AsyncClient(base_url=self.api, timeout=10)
+        self._task = asyncio.create_task(self._loop())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(Exception):
+                await self._task
+        for run in self.running.values():
+            self._kill(run)
+        await self._http.aclose()
+
+    def _kill(self, run: _Running) -> None:
+        if run.process.poll() is None:
+            with contextlib.suppress(Exception):
+                os.killpg(run.process.pid, signal.SIGKILL)
+            run.process.wait()
+
+    def kill_worker(self, pod: str) -> None:
+        """The container dies (the Pod then fails, as a real kubelet would report)."""
+        self._kill(self.running[pod])
+
+    async def _loop(self) -> None:
+        path = f"/api/v1/namespaces/{self.namespace}/pods"
+        last: tuple[tuple[str, int], ...] = ()
+        while True:
+            pods = (await self._http.get(path)).json().get("items", [])
+            held = tuple(sorted(
+                (p["metadata"]["name"], _gpus(p))
+                for p in pods
+            ))  # fmt: skip
+            if held != last:
+                self.budget_log.append(sum(g for _, g in held))
+                last = held
+            names = set()
+            for pod in pods:
+                name = pod["metadata"]["name"]
+                names.add(name)
+                await self._tend(pod)
+            for gone in set(self.running) - names:
+                self._kill(self.running.pop(gone))
+            await asyncio.sleep(0.1)
+
+    async def _tend(self, pod: dict[str, Any]) -> None:
+        name = pod["metadata"]["name"]
+        status = pod.get("status") or {}
+        if pod["metadata"].get("deletionTimestamp"):
+            return
+        run = self.running.get(name)
+        if run is None:
+            if status.get("phase") in ("Failed", "Succeeded"):
+                return
+            ip = f"127.0.0.{next(self._ips)}"
+            tp = pod["metadata"]["labels"]["heddle.dev/tp"]
+            log = (self.log_dir / f"{name}.log").open("ab")
+            process = subprocess.Popen(
+                [sys.executable, "-m", "heddle", "worker", "--engine", "sim", "--tp", tp,
+                 "--host", ip, "--port", "8000", "--time-scale", str(self.time_scale),
+                 "--max-model-len", "65536", "--grace", "1"],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+            self.running[name] = _Running(ip, process)
+            await self._status(name, {"phase": "Pending"})
+            return
+        if run.process.poll() is not None:
+            if status.get("phase") != "Failed":
+                await self._status(name, {"phase": "Failed", "reason": "Error"})
+            return
+        if status.get("phase") == "Running" and status.get("podIP"):
+            return
+        try:
+            ready = (await self._http.get(f"http://{run.ip}:8000/readyz")).status_code == 200
+        except httpx.HTTPError:
+            ready = False
+        if ready:
+            await self._status(name, {
+                "phase": "Running", "podIP": run.ip,
+                "conditions": [{"type": "Ready", "status": "True"}],
+            })  # fmt: skip
+
+    async def _status(self, name: str, status: dict[str, Any]) -> None:
+        await self._http.patch(
+            f"/api/v1/namespaces/{self.namespace}/pods/{name}/status",
+            json={"status": status},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+
+
+def _gpus(pod: dict[str, Any]) -> int:
+    return int(pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
