@@ -16,7 +16,7 @@ from typing import Any
 from heddle import __version__
 from heddle.exceptions import HeddleError
 
-from ._cli_run import add_run_parser
+from ._cli_run import add_operator_parser, add_run_parser
 
 __all__ = ["main"]
 
@@ -253,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_version.set_defaults(func=_cmd_version)
 
     add_run_parser(sub)
+    add_operator_parser(sub)
 
     p_worker = sub.add_parser(
         "worker",

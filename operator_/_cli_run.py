@@ -126,3 +126,51 @@ def add_run_parser(sub: Any) -> None:
     p.add_argument("--plot", action="store_true", help="also write a PNG next to the output")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=_cmd_run)
+
+
+def _cmd_operator(args: argparse.Namespace) -> int:
+    from ._operator import OperatorConfig, run_operator  # noqa: PLC0415
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    config = OperatorConfig(
+        namespaces=tuple(args.namespace),
+        api_server=args.api_server,
+        metrics_port=args.metrics_port or None,
+        liveness_endpoint=args.liveness,
+        drain_timeout_s=args.drain_timeout,
+        scan_cluster=not args.no_scan,
+    )
+    asyncio.run(run_operator(config))
+    return 0
+
+
+def add_operator_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "operator",
+        help="run the Kubernetes operator (EnginePool, RolloutJob)",
+        description="The kopf operator of docs/operator.md. Credentials: the in-cluster "
+        "service account, else KUBECONFIG.",
+    )
+    p.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch this namespace (repeatable); default: the whole cluster",
+    )
+    p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus port; 0: off")
+    p.add_argument(
+        "--liveness", default="http://0.0.0.0:8080/healthz", help="kopf's liveness endpoint"
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a draining instance may keep trajectories before it is deleted anyway",
+    )
+    p.add_argument("--api-server", default=None, help="API server URL without auth (tests)")
+    p.add_argument(
+        "--no-scan", action="store_true", help="do not list namespaces/CRDs (needs less RBAC)"
+    )
+    p.set_defaults(func=_cmd_operator)

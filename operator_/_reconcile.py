@@ -80,7 +80,7 @@ def plan_pool(
         # Drain the least useful first: not ready yet, then the newest.
         ranked = sorted(
             (p for p in active if p.tp == tp),
-            key=lambda p: (p.phase == "Ready", _index(p.name)),
+            key=lambda p: (p.phase == "Ready", -_index(p.name)),
         )
         for pod in ranked[:surplus]:
             actions.drain.append(pod.name)

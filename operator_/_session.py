@@ -209,8 +209,9 @@ class RolloutSession:
         for run in self.runs.values():
             run.traj.prompt_tokens = max(1, sum(len(m["content"]) // 4 for m in run.pending))
             self._predict(run)
-        if self.runs:
-            self.placement.replan([r.traj for r in self.runs.values()], self._view())
+        view = self._view()
+        if self.runs and view is not None:
+            self.placement.replan([r.traj for r in self.runs.values()], view)
         deadline_hit = False
         self._connected = True
         for endpoint in self._endpoints.values():
@@ -444,7 +445,7 @@ class RolloutSession:
     async def _route(self, run: TrajectoryRun) -> str:
         while True:
             view = self._view()
-            if view.instances:
+            if view is not None:
                 self._worker_seen = time.monotonic()
                 return self.placement.route(run.traj, view)
             if time.monotonic() - self._worker_seen > self.config.no_worker_timeout_s:
@@ -455,8 +456,11 @@ class RolloutSession:
                 )
             await asyncio.sleep(self.config.health_interval_s / 2)
 
-    def _view(self) -> ClusterView:
+    def _view(self) -> ClusterView | None:
+        """The workers steps may go to now; ``None`` when there is none."""
         names = sorted(n for n in self._live if n not in self._draining and n in self._endpoints)
+        if not names:
+            return None
         for n in names:
             if n not in self._instances:
                 self._instances[n] = self.perf.instance(n, self._endpoints[n].tp)
@@ -542,7 +546,7 @@ class RolloutSession:
             await asyncio.sleep(self.config.replan_interval_s)
             live = [r.traj for r in self.runs.values() if r.status == "running"]
             view = self._view()
-            if not live or not view.instances:
+            if not live or view is None:
                 continue
             self.placement.replan(live, view)
             now = time.monotonic() - self._started
@@ -556,10 +560,15 @@ class RolloutSession:
             ]
             for t in candidates:
                 t.instance = self.runs[t.id].resident
+            # Draining workers are sources of moves (everything must leave them), never targets.
+            instances = {i.name: i for i in view.instances}
+            for name in self._draining & self._live:
+                if name in self._endpoints:
+                    instances[name] = self.perf.instance(name, self._endpoints[name].tp)
             moves = self.migration.plan(
                 candidates,
                 self.placement.target,
-                {i.name: i for i in view.instances},
+                instances,
                 view.load,
                 now,
                 busy=self._moving,

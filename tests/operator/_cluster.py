@@ -9,7 +9,7 @@ and update, as a real server would (422 with the schema error).
 
 ``Kubelet`` fakes the node: it polls Pods through the same HTTP API, starts a
 real ``heddle worker`` process (simulated engine) for each on its own
-loopback address (127.0.0.2, 127.0.0.3, ...) at the worker port, writes
+loopback address (127.x.y.2, 127.x.y.3, ... in a random /24 per kubelet) at the worker port, writes
 podIP, phase Running and the Ready condition, and kills the process when the
 Pod is deleted. It records the GPUs held after every change it observes, so
 tests can assert the budget held at every moment.
@@ -23,6 +23,7 @@ import copy
 import datetime as dt
 import itertools
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -141,7 +142,7 @@ class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
                             int(stored.get("metadata", {}).get("generation", 1)) + 1
                         )
                     if plural in self._schemas:
-                        merged = copy.deepcopy(dict(stored))
+                        merged = copy.deepcopy(_plain(stored))
                         _merge(merged, request.data)
                         self._check(plural, merged)
         return await super()._handle(request)
@@ -188,6 +189,10 @@ class Kubelet:
     time_scale: float = 0.02
     budget_log: list[int] = field(default_factory=list)  # GPUs held by pods, after each change
     running: dict[str, _Running] = field(default_factory=dict)
+    # A random 127.x.y.0/24 per kubelet: workers of another test never answer in its place.
+    _subnet: str = field(
+        default_factory=lambda: f"127.{random.randint(1, 254)}.{random.randint(0, 255)}"
+    )
     _ips: itertools.count[int] = field(default_factory=lambda: itertools.count(2))
     _task: asyncio.Task[None] | None = None
 
@@ -199,7 +204,7 @@ class Kubelet:
     async def __aexit__(self, *exc: object) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         for run in self.running.values():
             self._kill(run)
@@ -207,7 +212,7 @@ class Kubelet:
 
     def _kill(self, run: _Running) -> None:
         if run.process.poll() is None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(run.process.pid, signal.SIGKILL)
             run.process.wait()
 
@@ -219,22 +224,31 @@ class Kubelet:
         path = f"/api/v1/namespaces/{self.namespace}/pods"
         last: tuple[tuple[str, int], ...] = ()
         while True:
-            pods = (await self._http.get(path)).json().get("items", [])
-            held = tuple(sorted(
-                (p["metadata"]["name"], _gpus(p))
-                for p in pods
-            ))  # fmt: skip
-            if held != last:
-                self.budget_log.append(sum(g for _, g in held))
-                last = held
-            names = set()
-            for pod in pods:
-                name = pod["metadata"]["name"]
-                names.add(name)
-                await self._tend(pod)
-            for gone in set(self.running) - names:
-                self._kill(self.running.pop(gone))
+            try:
+                last = await self._round(path, last)
+            except httpx.HTTPError:
+                pass  # the API server was slow: a real kubelet retries too
             await asyncio.sleep(0.1)
+
+    async def _round(
+        self, path: str, last: tuple[tuple[str, int], ...]
+    ) -> tuple[tuple[str, int], ...]:
+        pods = (await self._http.get(path)).json().get("items", [])
+        held = tuple(sorted(
+            (p["metadata"]["name"], _gpus(p))
+            for p in pods
+        ))  # fmt: skip
+        if held != last:
+            self.budget_log.append(sum(g for _, g in held))
+            last = held
+        names = set()
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            names.add(name)
+            await self._tend(pod)
+        for gone in set(self.running) - names:
+            self._kill(self.running.pop(gone))
+        return last
 
     async def _tend(self, pod: dict[str, Any]) -> None:
         name = pod["metadata"]["name"]
@@ -245,7 +259,7 @@ class Kubelet:
         if run is None:
             if status.get("phase") in ("Failed", "Succeeded"):
                 return
-            ip = f"127.0.0.{next(self._ips)}"
+            ip = f"{self._subnet}.{next(self._ips)}"
             tp = pod["metadata"]["labels"]["heddle.dev/tp"]
             log = (self.log_dir / f"{name}.log").open("ab")
             process = subprocess.Popen(

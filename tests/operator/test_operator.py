@@ -83,3 +83,156 @@ async def test_job_runs_to_succeeded_with_every_trajectory_once(
         keys = {(f"p{i:05d}", s) for i in range(16) for s in range(4)}
         assert_exactly_once(read_records(out), keys)
     _no_errors(caplog)
+
+
+async def _finished(c: Any, name: str, timeout: float = 180) -> dict[str, Any]:
+    async def probe() -> dict[str, Any] | None:
+        obj = await c.get("rolloutjobs", name)
+        phase = ((obj or {}).get("status") or {}).get("phase")
+        return obj if phase in ("Succeeded", "Failed") else None
+
+    return await wait_for(probe, timeout, f"job {name} finished")
+
+
+async def _records_at_least(out: Path, n: int) -> None:
+    async def probe() -> bool:
+        return out.exists() and len(read_records(out)) >= n
+
+    await wait_for(probe, 120, f"{n} records in {out.name}")
+
+
+KEYS = {(f"p{i:05d}", s) for i in range(16) for s in range(4)}
+
+
+async def test_reshape_drains_migrates_and_never_exceeds_the_budget(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = tmp_path / "out.jsonl"
+    async with cluster(tmp_path) as c:
+        await c.apply(pool("p", 4, [{"tp": 1, "replicas": 4}], tensorParallelSizes=[1, 2]))
+        await c.apply(job("j", "p", out, environment={
+            "type": "synthetic", "synthetic": {"workload": "quickstart", "toolTimeScale": 2.0}}))  # fmt: skip
+        await _records_at_least(out, 4)
+        before = {p["metadata"]["name"] for p in await c.list("pods")}
+        reply = await c.patch("enginepools", "p", {"spec": {"shape": [
+            {"tp": 2, "replicas": 1}, {"tp": 1, "replicas": 2}]}})  # fmt: skip
+        assert reply.status_code == 200, reply.text
+
+        async def reshaped() -> bool:
+            obj = await c.get("enginepools", "p")
+            cond = _condition(obj, "Reshaping")
+            ready = _condition(obj, "Ready")
+            return bool(cond and cond["status"] == "False" and ready and ready["status"] == "True"
+                        and obj["status"]["shape"]["summary"] == "1xTP2 + 2xTP1")  # fmt: skip
+
+        await wait_for(reshaped, 120, "the new shape")
+        obj = await _finished(c, "j")
+        assert obj["status"]["phase"] == "Succeeded"
+        records = read_records(out)
+        assert_exactly_once(records, KEYS)
+        pods = sorted(p["metadata"]["labels"]["heddle.dev/tp"] for p in await c.list("pods"))
+        assert pods == ["1", "1", "2"]
+        assert max(c.kubelet.budget_log) <= 4, c.kubelet.budget_log
+        drained = before - {p["metadata"]["name"] for p in await c.list("pods")}
+        assert drained == {"p-tp1-2", "p-tp1-3"}  # the newest go first
+        moved = [m for r in records for m in r["placement"]["migrations"] if m["from"] in drained]
+        assert moved, "no trajectory migrated off a draining instance"
+        events = [e["reason"] for e in await c.list("events")]
+        assert "Draining" in events and "Deleted" in events
+    _no_errors(caplog)
+
+
+async def test_worker_pod_deleted_mid_job_is_replaced_and_nothing_lost(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = tmp_path / "out.jsonl"
+    async with cluster(tmp_path) as c:
+        await c.apply(pool("p", 2, [{"tp": 1, "replicas": 2}]))
+        await c.apply(job("j", "p", out))
+        await _records_at_least(out, 6)
+        first_ip = c.kubelet.running["p-tp1-0"].ip
+        assert (await c.delete("pods", "p-tp1-0")).status_code == 200
+
+        async def replaced() -> bool:
+            run = c.kubelet.running.get("p-tp1-0")
+            return run is not None and run.ip != first_ip
+
+        await wait_for(replaced, 60, "a replacement pod")
+        obj = await _finished(c, "j")
+        assert obj["status"]["phase"] == "Succeeded"
+        assert_exactly_once(read_records(out), KEYS)
+    _no_errors(caplog)
+
+
+async def test_operator_restart_mid_job_resumes_without_duplicates(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = tmp_path / "out.jsonl"
+    async with cluster(tmp_path) as c:
+        await c.apply(pool("p", 2, [{"tp": 1, "replicas": 2}]))
+        await c.apply(job("j", "p", out, environment={
+            "type": "synthetic", "synthetic": {"workload": "quickstart", "toolTimeScale": 2.0}}))  # fmt: skip
+        await _records_at_least(out, 6)
+        await c.stop_operator()
+        before = len(read_records(out))
+        assert before < 64
+        await c.start_operator()
+        obj = await _finished(c, "j")
+        assert obj["status"]["phase"] == "Succeeded"
+        assert_exactly_once(read_records(out), KEYS)
+        assert obj["status"]["done"] == 64
+    _no_errors(caplog)
+
+
+async def test_two_jobs_on_one_pool_run_in_creation_order(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with cluster(tmp_path) as c:
+        await c.apply(pool("p", 2, [{"tp": 1, "replicas": 2}]))
+        small = {"type": "synthetic", "synthetic": {"workload": "quickstart", "toolTimeScale": 0.2}}
+        await c.apply(job("first", "p", tmp_path / "a.jsonl", samplesPerTask=1, environment=small))
+        await c.apply(job("second", "p", tmp_path / "b.jsonl", samplesPerTask=1, environment=small))
+
+        async def second_queued() -> dict[str, Any] | None:
+            obj = await c.get("rolloutjobs", "second")
+            return obj if ((obj or {}).get("status") or {}).get("phase") == "Queued" else None
+
+        queued = await wait_for(second_queued, 60, "the second job Queued")
+        assert "'first'" in _condition(queued, "Running")["message"]
+        first = await _finished(c, "first")
+        second = await _finished(c, "second")
+        assert first["status"]["phase"] == second["status"]["phase"] == "Succeeded"
+        assert second["status"]["startTime"] >= first["status"]["completionTime"]
+    _no_errors(caplog)
+
+
+async def test_invalid_specs_are_rejected_or_reported(tmp_path: Path) -> None:
+    async with cluster(tmp_path) as c:
+        # Rejected by the CRD schema (the API server answers 422).
+        bad = job("bad", "p", tmp_path / "x.jsonl", samplesPerTask=0)
+        reply = await c.apply(bad)
+        assert reply.status_code == 422 and "samplesPerTask" in reply.text
+        reply = await c.apply(pool("bad", 0))
+        assert reply.status_code == 422
+        # Valid for the schema, reported by a condition.
+        await c.apply(job("orphan", "nope", tmp_path / "o.jsonl"))
+        await c.apply(pool("big", 2, [{"tp": 2, "replicas": 2}], tensorParallelSizes=[1, 2]))
+        await c.apply(job("notasks", "big", tmp_path / "n.jsonl", environment={"type": "tools"}))
+
+        async def reported() -> bool:
+            orphan = _condition(await c.get("rolloutjobs", "orphan"), "PoolReady")
+            big = _condition(await c.get("enginepools", "big"), "Degraded")
+            notasks = await c.get("rolloutjobs", "notasks")
+            return bool(
+                orphan and big and (notasks or {}).get("status", {}).get("phase") == "Failed"
+            )
+
+        await wait_for(reported, 60, "conditions on the invalid objects")
+        orphan = await c.get("rolloutjobs", "orphan")
+        assert orphan["status"]["phase"] == "Pending"
+        assert "EnginePool 'nope' does not exist" in _condition(orphan, "PoolReady")["message"]
+        big = _condition(await c.get("enginepools", "big"), "Degraded")
+        assert big["reason"] == "InvalidSpec" and "uses 4 GPUs but spec.gpus=2" in big["message"]
+        notasks = await c.get("rolloutjobs", "notasks")
+        assert "give tasks" in _condition(notasks, "Valid")["message"]
+        assert await c.list("pods") == []
