@@ -224,10 +224,8 @@ class Kubelet:
         path = f"/api/v1/namespaces/{self.namespace}/pods"
         last: tuple[tuple[str, int], ...] = ()
         while True:
-            try:
+            with contextlib.suppress(httpx.HTTPError):  # a slow API server: retry, as kubelets do
                 last = await self._round(path, last)
-            except httpx.HTTPError:
-                pass  # the API server was slow: a real kubelet retries too
             await asyncio.sleep(0.1)
 
     async def _round(

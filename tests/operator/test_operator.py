@@ -102,6 +102,7 @@ async def _records_at_least(out: Path, n: int) -> None:
 
 
 KEYS = {(f"p{i:05d}", s) for i in range(16) for s in range(4)}
+SLOW_TOOLS = {"type": "synthetic", "synthetic": {"workload": "quickstart", "toolTimeScale": 2.0}}
 
 
 async def test_reshape_drains_migrates_and_never_exceeds_the_budget(
@@ -110,8 +111,7 @@ async def test_reshape_drains_migrates_and_never_exceeds_the_budget(
     out = tmp_path / "out.jsonl"
     async with cluster(tmp_path) as c:
         await c.apply(pool("p", 4, [{"tp": 1, "replicas": 4}], tensorParallelSizes=[1, 2]))
-        await c.apply(job("j", "p", out, environment={
-            "type": "synthetic", "synthetic": {"workload": "quickstart", "toolTimeScale": 2.0}}))  # fmt: skip
+        await c.apply(job("j", "p", out, environment=SLOW_TOOLS))
         await _records_at_least(out, 4)
         before = {p["metadata"]["name"] for p in await c.list("pods")}
         reply = await c.patch("enginepools", "p", {"spec": {"shape": [
@@ -170,8 +170,7 @@ async def test_operator_restart_mid_job_resumes_without_duplicates(
     out = tmp_path / "out.jsonl"
     async with cluster(tmp_path) as c:
         await c.apply(pool("p", 2, [{"tp": 1, "replicas": 2}]))
-        await c.apply(job("j", "p", out, environment={
-            "type": "synthetic", "synthetic": {"workload": "quickstart", "toolTimeScale": 2.0}}))  # fmt: skip
+        await c.apply(job("j", "p", out, environment=SLOW_TOOLS))
         await _records_at_least(out, 6)
         await c.stop_operator()
         before = len(read_records(out))
