@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import dataclasses
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -131,9 +132,8 @@ def add_run_parser(sub: Any) -> None:
 def _cmd_operator(args: argparse.Namespace) -> int:
     from ._operator import OperatorConfig, run_operator  # noqa: PLC0415
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    level = os.environ.get("HEDDLE_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = OperatorConfig(
         namespaces=tuple(args.namespace),
         api_server=args.api_server,

@@ -29,3 +29,21 @@ def make_instance(
 if os.environ.get("CI"):
     settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
     settings.load_profile("ci")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--e2e",
+        action="store_true",
+        default=False,
+        help="also run tests/e2e against the cluster in KUBECONFIG (needs GPUs and the CRDs)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--e2e"):
+        return
+    skip = pytest.mark.skip(reason="end-to-end against a real cluster: run with --e2e")
+    for item in items:
+        if "e2e" in item.keywords:
+            item.add_marker(skip)

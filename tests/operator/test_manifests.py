@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from heddle.exceptions import ManifestError
 from heddle.operator._manifests import EnginePoolSpec, RolloutJobSpec, load_manifests
@@ -135,3 +136,25 @@ def test_quickstart_manifests_parse() -> None:
     pool = EnginePoolSpec.from_manifest(pool_doc)
     assert job.engine_pool == pool.name
     assert pool.shape is not None and pool.shape.gpus <= pool.gpus
+
+
+def test_example_manifests_pass_the_crd_schemas() -> None:
+    from ._cluster import validate
+
+    examples = sorted((ROOT / "examples").rglob("*.yaml"))
+    checked = 0
+    for path in examples:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict) and doc.get("apiVersion") == "heddle.dev/v1alpha1":
+                plural = {"EnginePool": "enginepools", "RolloutJob": "rolloutjobs"}[doc["kind"]]
+                validate(plural, doc)
+                checked += 1
+    assert checked >= 2
+
+
+def test_quickstart_preset_is_the_example_workload() -> None:
+    preset = ROOT / "scheduler" / "presets" / "quickstart.yaml"
+    example = ROOT / "examples" / "quickstart" / "workload.yaml"
+    assert preset.read_text() == example.read_text(), (
+        "cp examples/quickstart/workload.yaml scheduler/presets/quickstart.yaml"
+    )
