@@ -51,6 +51,7 @@ class _State:
     registry: CollectorRegistry
     metrics: SessionMetrics
     reconcile_errors: Counter
+    reshapes: Counter
     kube: KubeClient | None = None
     info: Any = None
     pools: dict[tuple[str, str], PoolRuntime] = field(default_factory=dict)
@@ -74,6 +75,12 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
             "heddle_operator_reconcile_errors",
             "failed reconcile rounds",
             ["kind"],
+            registry=metrics_registry,
+        ),
+        Counter(
+            "heddle_operator_reshape_steps",
+            "reconcile rounds that drained or created instances",
+            ["pool"],
             registry=metrics_registry,
         ),
     )
@@ -116,6 +123,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
         while not stopped:
             session = state.sessions.get((namespace, name))
             resident = _Resident(session)
+            before = runtime.reshapes
             try:
                 await reconcile_pool(
                     state.client(),
@@ -129,6 +137,8 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
                 log.warning(
                     "EnginePool %s/%s: reconcile failed; retrying", namespace, name, exc_info=True
                 )
+            if runtime.reshapes > before:
+                state.reshapes.labels(f"{namespace}/{name}").inc(runtime.reshapes - before)
             await stopped.wait(config.reconcile_interval_s)
 
     @kopf.daemon(GROUP, VERSION, "rolloutjobs", registry=registry, cancellation_timeout=30)

@@ -97,3 +97,14 @@ def test_operator_rbac_is_least_privilege() -> None:
     text = (CHART / "templates" / "rbac.yaml").read_text()
     assert "'*'" not in text and '"*"' not in text and "[*]" not in text
     assert "secrets" not in text
+
+
+def test_dashboard_queries_metrics_that_exist() -> None:
+    dashboard = json.loads((CHART / "dashboards" / "heddle.json").read_text())
+    documented = (ROOT / "docs" / "metrics.md").read_text()
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    assert len(dashboard["panels"]) >= 8
+    for expr in exprs:
+        for metric in re.findall(r"\b(heddle_[a-z_]+)", expr):
+            base = re.sub(r"_(bucket|sum|count)$", "", metric)
+            assert base in documented, f"dashboard uses {metric}, not in docs/metrics.md"
