@@ -67,8 +67,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         log_dir=local.output.parent / "logs",
     )
     printer = ProgressPrinter(local.job.name) if not args.quiet else None
+    metrics = None
+    if args.metrics_port:
+        from prometheus_client import start_http_server  # noqa: PLC0415
+
+        from ._progress import SessionMetrics  # noqa: PLC0415
+
+        metrics = SessionMetrics()
+        start_http_server(args.metrics_port, registry=metrics.registry)
     try:
-        summary, _ = asyncio.run(run_local(local, options, on_progress=printer))
+        summary, _ = asyncio.run(run_local(local, options, on_progress=printer, metrics=metrics))
     finally:
         if printer is not None:
             printer.close()
@@ -126,6 +134,9 @@ def add_run_parser(sub: Any) -> None:
     p.add_argument("--output", default=None, help="override spec.output.path")
     p.add_argument("--plot", action="store_true", help="also write a PNG next to the output")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument(
+        "--metrics-port", type=int, default=0, help="serve Prometheus /metrics here while running"
+    )
     p.set_defaults(func=_cmd_run)
 
 

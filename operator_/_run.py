@@ -36,7 +36,7 @@ from ._local import LocalPool, LocalWorkerOptions
 from ._manifests import EnginePoolSpec, RolloutJobSpec, load_manifests
 from ._output import OutputSink
 from ._presets import WORKLOAD_PRESETS, load_workload
-from ._progress import Progress
+from ._progress import Progress, SessionMetrics
 from ._session import RolloutSession, SessionConfig, SessionResult
 from ._tasks import TaskSet, read_tasks
 from ._tools import ToolsEnvironment
@@ -226,6 +226,7 @@ async def run_local(
     *,
     on_progress: Any = None,
     session_config: SessionConfig | None = None,
+    metrics: SessionMetrics | None = None,
 ) -> tuple[dict[str, Any], SessionResult]:
     """Start the pool, run the session, stop the pool (also on error or cancellation)."""
     for error in local.tasks.errors:
@@ -250,6 +251,7 @@ async def run_local(
             malformed_tasks=len(local.tasks.errors),
             config=session_config or SessionConfig(replan_interval_s=local.job.replan_interval_s),
             on_progress=on_progress,
+            metrics=metrics,
         )
         result = await session.run()
     finally:

@@ -108,3 +108,22 @@ def test_dashboard_queries_metrics_that_exist() -> None:
         for metric in re.findall(r"\b(heddle_[a-z_]+)", expr):
             base = re.sub(r"_(bucket|sum|count)$", "", metric)
             assert base in documented, f"dashboard uses {metric}, not in docs/metrics.md"
+
+
+def test_example_values_match_the_schema() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    examples = sorted((ROOT / "examples" / "helm").glob("*.yaml"))
+    assert examples
+    for path in examples:
+        jsonschema.Draft7Validator(schema).validate(yaml.safe_load(path.read_text()))
+
+
+def test_version_has_one_home() -> None:
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == version, (
+        "set appVersion in charts/heddle/Chart.yaml to the package version"
+    )
+    assert f"## {version}" in (ROOT / "CHANGELOG.md").read_text()
