@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,10 @@ def _model_dir(pool_model: str, override: str | None) -> str:
     return str(path)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from ._local import LocalWorkerOptions  # noqa: PLC0415
     from ._run import ProgressPrinter, prepare_job, run_local  # noqa: PLC0415
@@ -66,6 +71,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         scripted_replies=args.scripted_replies,
         log_dir=local.output.parent / "logs",
     )
+    signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: workers stopped, output closed
     printer = ProgressPrinter(local.job.name) if not args.quiet else None
     metrics = None
     if args.metrics_port:

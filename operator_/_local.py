@@ -27,7 +27,7 @@ from heddle.exceptions import HeddleError
 
 from ._client import WorkerEndpoint
 
-__all__ = ["LocalPool", "LocalWorkerOptions"]
+__all__ = ["LocalPool", "LocalWorkerOptions", "die_with_parent"]
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class LocalWorkerOptions:
     log_dir: Path = Path(".heddle/logs")
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: the worker gets SIGTERM when the process that started it dies (even by SIGKILL)."""
     if sys.platform.startswith("linux"):
         import ctypes  # noqa: PLC0415
@@ -115,7 +115,7 @@ class LocalPool:
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads fork-unsafe here
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - no threads fork-unsafe here
         )
         endpoint = WorkerEndpoint(name, f"http://{o.host}:{port}", tp)
         return _Proc(endpoint, process, log, command, env)

@@ -37,6 +37,8 @@ import jsonschema
 import kmock
 import yaml
 
+from heddle.operator._local import die_with_parent
+
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ("pods", "services", "configmaps", "events")
 
@@ -202,13 +204,15 @@ class Kubelet:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        for run in self.running.values():
-            self._kill(run)
-        await self._http.aclose()
+        try:
+            if self._task is not None:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+        finally:
+            for run in self.running.values():
+                self._kill(run)
+            await self._http.aclose()
 
     def _kill(self, run: _Running) -> None:
         if run.process.poll() is None:
@@ -265,6 +269,7 @@ class Kubelet:
                  "--host", ip, "--port", "8000", "--time-scale", str(self.time_scale),
                  "--max-model-len", "65536", "--grace", "1"],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                preexec_fn=die_with_parent,  # noqa: PLW1509 - no worker outlives a killed test run
             )  # fmt: skip
             self.running[name] = _Running(ip, process)
             await self._status(name, {"phase": "Pending"})

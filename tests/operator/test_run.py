@@ -150,3 +150,32 @@ def test_bad_manifest_is_a_clear_error(tmp_path: Path) -> None:
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2
     assert "heddle: error: RolloutJob 'job' spec.samplesPerTask=0 must be >= 1" in out
+
+
+def test_ctrl_c_stops_the_workers_and_keeps_what_finished(tmp_path: Path) -> None:
+    spec = {
+        "samplesPerTask": 4,
+        "environment": {"type": "synthetic", "synthetic": {"workload": "quickstart"}},
+    }
+    job = _job(tmp_path, spec)
+    output = tmp_path / "out" / "rollout.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "heddle", "run", str(job), "--engine", "sim", "--quiet"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # noqa: PLW1509 - a terminal
+    )
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and (not output.exists() or len(read_records(output)) < 4):
+        assert proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.1)
+    workers = _children(proc.pid)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in out, out
+    assert not any(_alive(pid) for pid in workers)
+    records = read_records(output)
+    assert 4 <= len(records) < 64
+    assert len({(r["task_id"], r["sample"]) for r in records}) == len(records)
