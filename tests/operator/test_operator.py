@@ -235,3 +235,41 @@ async def test_invalid_specs_are_rejected_or_reported(tmp_path: Path) -> None:
         notasks = await c.get("rolloutjobs", "notasks")
         assert "give tasks" in _condition(notasks, "Valid")["message"]
         assert await c.list("pods") == []
+
+
+async def test_spec_change_rolls_pods_one_at_a_time(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with cluster(tmp_path) as c:
+        await c.apply(pool("p", 3, [{"tp": 1, "replicas": 3}]))
+
+        async def hashes() -> set[str] | None:
+            pods = await c.list("pods")
+            ready = [p for p in pods if (p.get("status") or {}).get("podIP")]
+            if len(ready) != 3:
+                return None
+            return {p["metadata"]["annotations"]["heddle.dev/spec-hash"] for p in ready}
+
+        (old,) = await wait_for(hashes, 60, "three ready pods")
+        seen_at_once: list[int] = []
+        await c.patch("enginepools", "p", {"spec": {"image": "registry/worker:2"}})
+
+        async def rolled() -> bool:
+            pods = await c.list("pods")
+            leaving = [
+                p for p in pods
+                if p["metadata"]["annotations"].get("heddle.dev/spec-hash") == old
+                and ((p["metadata"].get("annotations") or {}).get("heddle.dev/draining") == "true"
+                     or p["metadata"].get("deletionTimestamp"))
+            ]  # fmt: skip
+            seen_at_once.append(len(leaving))
+            now = {p["metadata"]["annotations"]["heddle.dev/spec-hash"] for p in pods}
+            ready = [p for p in pods if (p.get("status") or {}).get("podIP")]
+            return old not in now and len(ready) == 3
+
+        await wait_for(rolled, 120, "every pod on the new spec")
+        assert max(seen_at_once) <= 1, seen_at_once
+        assert max(c.kubelet.budget_log) <= 3
+        pods = await c.list("pods")
+        assert {p["spec"]["containers"][0]["image"] for p in pods} == {"registry/worker:2"}
+    _no_errors(caplog)
