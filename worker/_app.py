@@ -113,6 +113,36 @@ def _sentence(exc: RequestValidationError) -> tuple[int, str]:
     return 422, "invalid request: " + "; ".join(parts)
 
 
+class _CountRequests:
+    """Counts requests by route template and status, as plain ASGI.
+
+    Starlette's ``@app.middleware("http")`` runs every request in an extra task
+    with memory streams; at thousands of steps per second that was the
+    worker's largest cost (docs/benchmarks.md, control-loop scale).
+    """
+
+    def __init__(self, app: Any, counter: Counter) -> None:
+        self.app = app
+        self.counter = counter
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = [500]
+
+        async def remember(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, remember)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")  # bounded labels
+            self.counter.labels(f"{scope['method']} {route}", status[0]).inc()
+
+
 def create_app(engine: Engine, *, grace_s: float = 30.0) -> FastAPI:
     """The worker app; the engine starts with the app and stops with it."""
     state = WorkerState(engine, grace_s)
@@ -131,12 +161,7 @@ def create_app(engine: Engine, *, grace_s: float = 30.0) -> FastAPI:
     app.state.worker = state
     m = state.metrics
 
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next: Any) -> Response:
-        response: Response = await call_next(request)
-        route = getattr(request.scope.get("route"), "path", "unmatched")  # bounded labels
-        m.requests.labels(f"{request.method} {route}", response.status_code).inc()
-        return response
+    app.add_middleware(_CountRequests, counter=m.requests)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -172,7 +197,7 @@ def create_app(engine: Engine, *, grace_s: float = 30.0) -> FastAPI:
             raise ApiError(503, "the engine is not ready (loading, or failed); retry later")
 
     @app.post("/v1/trajectories/{trajectory_id}/generate", response_model=GenerateResponse)
-    async def generate(trajectory_id: str, body: GenerateRequest) -> GenerateResponse:
+    async def generate(trajectory_id: str, body: GenerateRequest) -> Response:
         _refuse_when_unavailable()
         if trajectory_id in state.busy:
             raise ApiError(409, f"a step of trajectory {trajectory_id!r} is already running")
@@ -232,7 +257,7 @@ def create_app(engine: Engine, *, grace_s: float = 30.0) -> FastAPI:
         m.cached.inc(output.cached_tokens)
         m.step_latency.observe(total)
         state.recent.append((time.monotonic(), len(output.token_ids)))
-        return GenerateResponse(
+        reply = GenerateResponse(
             trajectory_id=trajectory_id,
             appended_token_ids=appended,
             token_ids=output.token_ids,
@@ -249,6 +274,8 @@ def create_app(engine: Engine, *, grace_s: float = 30.0) -> FastAPI:
                 total_s=total,
             ),
         )
+        # Built and typed above; sent as is, so FastAPI does not validate it a second time.
+        return Response(reply.model_dump_json(), media_type="application/json")
 
     @app.put("/v1/trajectories/{trajectory_id}", response_model=ImportResponse)
     async def import_context(trajectory_id: str, body: ImportRequest) -> ImportResponse:

@@ -37,6 +37,33 @@ _REPLY = re.compile(r"<reply>(.*?)</reply>", re.DOTALL)
 _ASSISTANT_TURN = "<|assistant|>\n"
 
 
+class _IdleCache:
+    """Contexts kept for the prefix cache, least recent first, with their token total."""
+
+    def __init__(self) -> None:
+        self._items: OrderedDict[str, int] = OrderedDict()
+        self.total = 0
+
+    def get(self, key: str, default: int = 0) -> int:
+        return self._items.get(key, default)
+
+    def put(self, key: str, tokens: int) -> None:
+        self.total += tokens - self._items.get(key, 0)
+        self._items[key] = tokens
+        self._items.move_to_end(key)
+
+    def pop(self, key: str) -> int:
+        tokens = self._items.pop(key, 0)
+        self.total -= tokens
+        return tokens
+
+    def oldest_except(self, key: str) -> str | None:
+        for k in self._items:
+            if k != key:
+                return k
+        return None
+
+
 @dataclass(eq=False)
 class _Request:
     trajectory_id: str
@@ -83,7 +110,7 @@ class SimulatedEngine(Engine):
         self._waiting: list[tuple[int, int, _Request]] = []
         self._seq = itertools.count()
         self._running: list[_Request] = []
-        self._cache: OrderedDict[str, int] = OrderedDict()  # trajectory -> cached tokens
+        self._cache = _IdleCache()  # trajectory -> cached tokens
         self._pending_prefill = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -152,15 +179,14 @@ class SimulatedEngine(Engine):
         cached = self._cache.get(trajectory_id, 0)
         if len(context) > cached:
             self._pending_prefill += len(context) - cached
-            self._cache[trajectory_id] = len(context)
-            self._cache.move_to_end(trajectory_id)
+            self._cache.put(trajectory_id, len(context))
             self._wake.set()
 
     def release(self, trajectory_id: str) -> None:
-        self._cache.pop(trajectory_id, None)
+        self._cache.pop(trajectory_id)
 
     def stats(self) -> EngineStats:
-        used = sum(r.context + len(r.tokens) for r in self._running) + sum(self._cache.values())
+        used = sum(r.context + len(r.tokens) for r in self._running) + self._cache.total
         return EngineStats(
             running=len(self._running),
             waiting=len(self._waiting),
@@ -201,21 +227,24 @@ class SimulatedEngine(Engine):
         cap = self.perf.batch_cap
         capacity = self.instance.kv_capacity_tokens
         prefill = 0
+        used = sum(r.context + len(r.tokens) for r in self._running)
         while self._waiting and len(self._running) < cap:
             _, _, req = self._waiting[0]
-            own = min(self._cache.get(req.trajectory_id, 0), req.context)
-            used = sum(r.context + len(r.tokens) for r in self._running)
-            idle = sum(v for k, v in self._cache.items() if k != req.trajectory_id)
+            own = min(self._cache.get(req.trajectory_id), req.context)
+            idle = self._cache.total - self._cache.get(req.trajectory_id)
             while used + idle + req.context > capacity and idle > 0:
-                victim = next(k for k in self._cache if k != req.trajectory_id)
+                victim = self._cache.oldest_except(req.trajectory_id)
+                if victim is None:
+                    break
                 idle -= self._cache.pop(victim)
             if used + idle + req.context > capacity and self._running:
                 break  # wait for room
             heapq.heappop(self._waiting)
-            self._cache.pop(req.trajectory_id, None)
+            self._cache.pop(req.trajectory_id)
             req.cached = own
             req.admitted = time.monotonic()
             prefill += req.context - own
+            used += req.context
             self._running.append(req)
         return prefill
 
@@ -224,7 +253,7 @@ class SimulatedEngine(Engine):
             if req.script is not None:
                 req.tokens.extend(req.script[len(req.tokens) : len(req.tokens) + iterations])
             else:
-                req.tokens.extend(self._rng.choice(_ALPHABET) for _ in range(iterations))
+                req.tokens.extend(self._rng.choices(_ALPHABET, k=iterations))
             req.remaining -= iterations
         self.generated_tokens += iterations * len(self._running)
         still: list[_Request] = []
@@ -232,8 +261,7 @@ class SimulatedEngine(Engine):
             if req.remaining > 0:
                 still.append(req)
                 continue
-            self._cache[req.trajectory_id] = req.context + len(req.tokens)
-            self._cache.move_to_end(req.trajectory_id)
+            self._cache.put(req.trajectory_id, req.context + len(req.tokens))
             if not req.future.done():
                 finished = req.script is not None and len(req.tokens) == len(req.script)
                 req.future.set_result(self._output(req, "stop" if finished else "length"))
