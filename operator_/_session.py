@@ -137,6 +137,7 @@ class RolloutSession:
         self._pools: dict[str, HttpPool] = {}  # per worker: steps, and probes apart
         self._connected = False
         self._moving: set[str] = set()
+        self._replan_now = asyncio.Event()
         self._rate = TokenRate()
         self._tokens = 0
         self._resumed = 0
@@ -175,7 +176,9 @@ class RolloutSession:
 
     def drain_worker(self, name: str) -> None:
         """No new steps go there; contexts in tool calls migrate off (docs/operator.md)."""
-        self._draining.add(name)
+        if name not in self._draining:
+            self._draining.add(name)
+            self._replan_now.set()  # start moving trajectories off now, not at the next period
 
     def remove_worker(self, name: str) -> None:
         self._mark_down(name, "removed from the pool")
@@ -543,7 +546,9 @@ class RolloutSession:
 
     async def _replan_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.config.replan_interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._replan_now.wait(), self.config.replan_interval_s)
+            self._replan_now.clear()
             live = [r.traj for r in self.runs.values() if r.status == "running"]
             view = self._view()
             if not live or view is None:

@@ -111,7 +111,12 @@ async def test_reshape_drains_migrates_and_never_exceeds_the_budget(
     out = tmp_path / "out.jsonl"
     async with cluster(tmp_path) as c:
         await c.apply(pool("p", 4, [{"tp": 1, "replicas": 4}], tensorParallelSizes=[1, 2]))
-        await c.apply(job("j", "p", out, environment=SLOW_TOOLS))
+        # Tool calls of seconds: trajectories on the drained pods are in tools when they drain.
+        slower = {
+            "type": "synthetic",
+            "synthetic": {"workload": "quickstart", "toolTimeScale": 5.0},
+        }
+        await c.apply(job("j", "p", out, environment=slower))
         await _records_at_least(out, 4)
         before = {p["metadata"]["name"] for p in await c.list("pods")}
         reply = await c.patch("enginepools", "p", {"spec": {"shape": [
