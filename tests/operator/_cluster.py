@@ -179,6 +179,7 @@ def _merge(base: dict[str, Any], patch: dict[str, Any]) -> None:
 class _Running:
     ip: str
     process: subprocess.Popen[bytes]
+    uid: str = ""
 
 
 @dataclass
@@ -258,6 +259,10 @@ class Kubelet:
         if pod["metadata"].get("deletionTimestamp"):
             return
         run = self.running.get(name)
+        if run is not None and run.uid != pod["metadata"].get("uid"):
+            # Deleted and created again under the same name between two polls: a new pod.
+            self._kill(self.running.pop(name))
+            run = None
         if run is None:
             if status.get("phase") in ("Failed", "Succeeded"):
                 return
@@ -271,7 +276,7 @@ class Kubelet:
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 preexec_fn=die_with_parent,  # noqa: PLW1509 - no worker outlives a killed test run
             )  # fmt: skip
-            self.running[name] = _Running(ip, process)
+            self.running[name] = _Running(ip, process, pod["metadata"].get("uid", ""))
             await self._status(name, {"phase": "Pending"})
             return
         if run.process.poll() is not None:
