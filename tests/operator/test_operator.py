@@ -69,12 +69,7 @@ async def test_job_runs_to_succeeded_with_every_trajectory_once(
         reply = await c.apply(job("j", "p", out))
         assert reply.status_code in (200, 201), reply.text
 
-        async def finished() -> dict[str, Any] | None:
-            obj = await c.get("rolloutjobs", "j")
-            phase = ((obj or {}).get("status") or {}).get("phase")
-            return obj if phase in ("Succeeded", "Failed") else None
-
-        obj = await wait_for(finished, 120, "job finished")
+        obj = await _finished(c, "j")
         status = obj["status"]
         assert status["phase"] == "Succeeded", status
         assert (status["done"], status["failed"], status["total"]) == (64, 0, 64)

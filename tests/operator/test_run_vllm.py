@@ -7,7 +7,6 @@ Skipped only when vLLM is not installed; `.ci/run` installs it, so CI runs these
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,17 +18,11 @@ from heddle.operator._client import WorkerEndpoint
 from heddle.operator._local import LocalPool
 from heddle.operator._session import RolloutSession, SessionResult
 
+from .._vllm import require_vllm
 from .conftest import assert_consistent, assert_exactly_once, read_records, start_pool
-from .test_session import _keys, _session, _synthetic
+from .test_session import _keys, _session, _synthetic, stop_after
 
-try:
-    import vllm  # noqa: F401
-except ImportError:
-    if os.environ.get("CI"):  # CI installs the extra: a missing vLLM there is a failure
-        raise
-    pytest.skip(
-        "the vllm extra is not installed (pip install -e '.[vllm]')", allow_module_level=True
-    )
+require_vllm()
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "examples" / "quickstart"
@@ -93,15 +86,8 @@ def test_session_restart_then_worker_death_lose_nothing(
     tasks, env = _synthetic(8, 4, tool_scale=1.0)
     out = tmp_path / "out.jsonl"
 
-    async def first() -> None:
-        run = asyncio.create_task(_session(workers, out, tasks, env, 4).run())
-        while not out.exists() or len(read_records(out)) < 6:
-            await asyncio.sleep(0.05)
-        run.cancel()  # the session stops; workers keep stale contexts of the unfinished ones
-        with pytest.raises(asyncio.CancelledError):
-            await run
-
-    asyncio.run(first())
+    # The session stops; the workers keep stale contexts of the unfinished trajectories.
+    asyncio.run(stop_after(_session(workers, out, tasks, env, 4), out, 6))
     before = len(read_records(out))
     _, env2 = _synthetic(8, 4, tool_scale=1.0)
 

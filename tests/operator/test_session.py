@@ -61,6 +61,16 @@ def _session(
     return RolloutSession(**options)
 
 
+async def stop_after(session: RolloutSession, out: Path, records: int) -> None:
+    """Run ``session`` until ``out`` holds ``records`` records, then stop it like a kill would."""
+    run = asyncio.create_task(session.run())
+    while not out.exists() or len(read_records(out)) < records:
+        await asyncio.sleep(0.02)
+    run.cancel()  # unfinished trajectories are not written
+    with pytest.raises(asyncio.CancelledError):
+        await run
+
+
 def _keys(tasks: list[Task], samples: int) -> set[tuple[str, int]]:
     return {(t.id, s) for t in tasks for s in range(samples)}
 
@@ -122,16 +132,8 @@ def test_restarted_session_resumes_without_duplicates(
     tasks, env = _synthetic(8, 4, tool_scale=0.5)
     out = tmp_path / "out.jsonl"
 
-    async def interrupted() -> int:
-        run = asyncio.create_task(_session(workers, out, tasks, env, 4).run())
-        while not out.exists() or len(read_records(out)) < 6:
-            await asyncio.sleep(0.02)
-        run.cancel()  # as if the process stopped: unfinished trajectories are not written
-        with pytest.raises(asyncio.CancelledError):
-            await run
-        return len(read_records(out))
-
-    first = asyncio.run(interrupted())
+    asyncio.run(stop_after(_session(workers, out, tasks, env, 4), out, 6))
+    first = len(read_records(out))
     assert 6 <= first < 32
     _, env2 = _synthetic(8, 4, tool_scale=0.5)
     result = asyncio.run(_session(workers, out, tasks, env2, 4).run())

@@ -5,7 +5,6 @@ Skipped only when vLLM is not installed; `.ci/run` installs it, so CI runs these
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -17,16 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from .._vllm import require_vllm
 from .test_process import free_port
 
-try:
-    import vllm  # noqa: F401
-except ImportError:
-    if os.environ.get("CI"):  # CI installs the extra: a missing vLLM there is a failure
-        raise
-    pytest.skip(
-        "the vllm extra is not installed (pip install -e '.[vllm]')", allow_module_level=True
-    )
+require_vllm()
 
 _PROCESSES: dict[str, subprocess.Popen[str]] = {}  # url -> worker process, for the SIGTERM test
 
