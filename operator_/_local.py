@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -28,6 +29,9 @@ from heddle.exceptions import HeddleError
 from ._client import WorkerEndpoint
 
 __all__ = ["LocalPool", "LocalWorkerOptions", "die_with_parent"]
+
+# A traceback's last line: ``module.SomeError: message``.
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(: |$)")
 
 
 @dataclass(frozen=True)
@@ -139,8 +143,8 @@ class LocalPool:
                 if proc.process.poll() is not None:
                     raise HeddleError(
                         f"local worker {proc.endpoint.name} exited with code "
-                        f"{proc.process.returncode} while starting; "
-                        f"its log ends:\n{self.tail(proc)}"
+                        f"{proc.process.returncode} while starting: {self.cause(proc)} "
+                        f"(its log: {self.log_path(proc)}; `heddle doctor` checks the setup)"
                     )
                 with contextlib.suppress(httpx.HTTPError):
                     reply = await http.get(proc.endpoint.url + "/readyz", timeout=2.0)
@@ -149,16 +153,28 @@ class LocalPool:
                 await asyncio.sleep(0.25)
         raise HeddleError(
             f"local worker {proc.endpoint.name} was not ready after "
-            f"{self.options.startup_timeout_s:.0f} s; its log ends:\n{self.tail(proc)}"
+            f"{self.options.startup_timeout_s:.0f} s; its log: {self.log_path(proc)}"
         )
 
-    def tail(self, proc: _Proc, lines: int = 20) -> str:
-        path = self.options.log_dir / f"{proc.endpoint.name}.log"
+    def log_path(self, proc: _Proc) -> Path:
+        return self.options.log_dir / f"{proc.endpoint.name}.log"
+
+    def cause(self, proc: _Proc) -> str:
+        """The last exception a worker's log names, with its first detail line."""
         try:
-            text = path.read_text(encoding="utf-8", errors="replace")
+            text = self.log_path(proc).read_text(encoding="utf-8", errors="replace")
         except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+            return "no log"
+        lines = text.splitlines()
+        for i in range(len(lines) - 1, -1, -1):
+            if _EXCEPTION_LINE.match(lines[i]):
+                detail = lines[i + 1].strip() if i + 1 < len(lines) else ""
+                found = lines[i].strip()
+                if detail and lines[i + 1][:1].isspace():  # pydantic & co. explain below
+                    found += f" ({detail.split(' [type=')[0]})"
+                return found[:400]
+        tail = [line.strip() for line in lines if line.strip()]
+        return tail[-1][:400] if tail else "the log is empty"
 
     def kill(self, name: str) -> None:
         """SIGKILL one worker and its engine processes (tests: a worker dying mid-run)."""

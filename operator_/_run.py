@@ -203,6 +203,7 @@ def summary_of(
     local: LocalJob, shape: PoolShape, result: SessionResult, engine: str
 ) -> dict[str, Any]:
     p = result.progress
+    policy = get_policy(local.job.policy)
     return {
         "job": local.job.name,
         "policy": local.job.policy,
@@ -214,6 +215,19 @@ def summary_of(
         "migrations": result.migrations,
         "recomputes": result.recomputes,
         "worker_failures": result.worker_failures,
+        "mechanisms": {
+            "predictor": policy.predictor or "none",
+            "re_predictions": result.steps if policy.predictor else 0,
+            "promotions": result.promotions,
+            "ordering": policy.ordering,
+            "placement": policy.placement,
+            "replans": result.replans,
+            "migration": policy.migration,
+            "migrations": result.migrations,
+            "recomputes": result.recomputes,
+            "shape": str(shape),
+            "shape_source": "pinned in the pool" if local.pool.shape is not None else "planned",
+        },
         "deadline_hit": result.deadline_hit,
         "malformed_tasks": [str(e) for e in local.tasks.errors],
         "failures": result.failures,

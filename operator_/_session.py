@@ -73,6 +73,8 @@ class SessionResult:
     steps: int
     deadline_hit: bool = False
     failures: list[str] = field(default_factory=list)  # first few failure reasons
+    promotions: int = 0  # steps sent at a higher priority than the trajectory's previous step
+    replans: int = 0  # placement plans redone during the run
 
 
 class RolloutSession:
@@ -145,6 +147,9 @@ class RolloutSession:
         self._steps = 0
         self._migrations = 0
         self._recomputes = 0
+        self._promotions = 0
+        self._replans = 0
+        self._last_priority: dict[str, int] = {}
         self._worker_failures = 0
         self._failures: list[str] = []
         self._started = 0.0
@@ -250,6 +255,8 @@ class RolloutSession:
             self._steps,
             deadline_hit,
             self._failures[:10],
+            promotions=self._promotions,
+            replans=self._replans,
         )
 
     async def _wait(
@@ -432,11 +439,16 @@ class RolloutSession:
                     await client.import_context(traj.id, run.tokens, warm=False)
             # A first step starts afresh ("reset"): a stale context of an earlier session goes.
             reset = run.resident != name and not run.tokens
+            priority = engine_priority(self.ordering.priority(traj))
+            previous = self._last_priority.get(traj.id)
+            if previous is not None and priority < previous:
+                self._promotions += 1  # re-prediction found it longer than thought: runs sooner
+            self._last_priority[traj.id] = priority
             reply = await client.generate(
                 traj.id,
                 messages=run.pending,
                 sampling=sampling,
-                priority=engine_priority(self.ordering.priority(traj)),
+                priority=priority,
                 reset=reset,
             )
             run.resident = name
@@ -554,6 +566,7 @@ class RolloutSession:
             if not live or view is None:
                 continue
             self.placement.replan(live, view)
+            self._replans += 1
             now = time.monotonic() - self._started
             candidates = [
                 r.traj

@@ -12,6 +12,12 @@ with synthetic tokens, for scale tests and benchmarks without a model; the
 
 from ._app import WorkerState, create_app
 from ._engine import Engine, EngineError, EngineStats, Sampling, StepOutput
+from ._environment import (
+    Check,
+    check_vllm_environment,
+    probe_vllm_import,
+    vllm_environment_checks,
+)
 from ._schemas import (
     ChatMessage,
     ExportResponse,
@@ -29,6 +35,7 @@ from ._vllm_engine import VLLMConfig, VLLMEngine
 
 __all__ = [
     "ChatMessage",
+    "Check",
     "Engine",
     "EngineError",
     "EngineStats",
@@ -46,6 +53,9 @@ __all__ = [
     "VLLMConfig",
     "VLLMEngine",
     "WorkerState",
+    "check_vllm_environment",
     "create_app",
+    "probe_vllm_import",
     "serve",
+    "vllm_environment_checks",
 ]

