@@ -12,19 +12,28 @@ import math
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
 from heddle.exceptions import ConfigError
-from heddle.scheduler import BASELINES, POLICIES, generate, get_policy, history_of
-from heddle.scheduler.sim import SimResult, Simulator, lower_bound
+from heddle.scheduler import (
+    BASELINES,
+    POLICIES,
+    ClusterSpec,
+    PoolShape,
+    TrajectoryScript,
+    get_policy,
+)
+from heddle.scheduler.sim import SimConfig, SimResult, Simulator, lower_bound
 
-from ._presets import load_cluster, load_workload
+from ._presets import load_bench_workload, load_cluster
 
-__all__ = ["ABLATION", "Progress", "run_rollout_bench"]
+__all__ = ["ABLATION", "DEFAULT_CAPS", "Progress", "Run", "baseline_runs", "run_rollout_bench"]
 
 ABLATION = ("heddle-order", "heddle-place", "heddle-migrate", "heddle")
+# In-flight caps per engine the baselines are tried with (None: every trajectory at once).
+DEFAULT_CAPS: tuple[int | None, ...] = (None, 64)
 
 
 class Progress:
@@ -58,6 +67,48 @@ def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator > 0 else math.nan
 
 
+@dataclass(frozen=True)
+class Run:
+    """One simulated configuration: a policy, and for baselines a homogeneous shape and cap."""
+
+    policy: str
+    shape: PoolShape | None = None  # None: the policy's own (planned, or the cluster's baseline)
+    cap: int | None = None  # trajectories in flight per engine (SimConfig)
+
+    @property
+    def key(self) -> str:
+        if self.shape is None:
+            return self.policy
+        return f"{self.policy} {self.shape}" + (f" cap{self.cap}" if self.cap else "")
+
+
+def baseline_runs(
+    baselines: Sequence[str],
+    cluster: ClusterSpec,
+    scripts: Sequence[TrajectoryScript],
+    caps: Sequence[int | None],
+) -> list[Run]:
+    """Every baseline at every homogeneous TP the pool allows and the workload fits, per cap."""
+    perf = cluster.perf_model()
+    longest = max(s.prompt_tokens + s.total_tokens + sum(s.tool_output_tokens) for s in scripts)
+    tps = [
+        tp
+        for tp in cluster.tensor_parallel_sizes
+        if cluster.gpus % tp == 0 and perf.kv_capacity_tokens(tp) >= longest
+    ]
+    if not tps:
+        raise ConfigError(
+            f"no TP degree of {list(cluster.tensor_parallel_sizes)} holds this workload's longest "
+            f"context ({longest} tokens) on {cluster.model}"
+        )
+    return [
+        Run(name, PoolShape.of({tp: cluster.gpus // tp}), cap)
+        for name in baselines
+        for tp in tps
+        for cap in caps
+    ]
+
+
 def run_rollout_bench(
     *,
     workload: str,
@@ -66,39 +117,40 @@ def run_rollout_bench(
     seed: int = 1,
     prompts: int | None = None,
     gpus: int | None = None,
+    caps: Sequence[int | None] = DEFAULT_CAPS,
     out: Path | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Simulate ``workload`` on ``cluster`` under each policy; return the report."""
+    """Simulate ``workload`` on ``cluster``: Heddle's policies as they plan themselves, every
+    baseline at every homogeneous TP degree and in-flight cap; return the report."""
     for name in policies:
         get_policy(name)  # fail fast, listing the valid names
-    spec = load_workload(workload)
-    if prompts is not None:
-        if prompts < 1:
-            raise ConfigError(f"--prompts {prompts}: must be at least 1")
-        spec = replace(spec, prompts=prompts)
+    bench = load_bench_workload(workload, seed, prompts)
     cluster_spec = load_cluster(cluster)
     if gpus is not None:
         cluster_spec = replace(cluster_spec, gpus=gpus)
-    scripts = generate(spec, seed)
-    # The rollout before this one (other prompts, same distribution): seeds the
-    # predictor and the initial shape, as in RL training. Baselines ignore it.
-    history = history_of(generate(spec, seed + 1000))
-    tool_means = {
-        t.name: t.latency_s.median * math.exp(0.5 * t.latency_s.sigma**2) for t in spec.tools
-    }
+    scripts = bench.scripts
     bound = lower_bound(scripts, cluster_spec)
+    baselines = [n for n in policies if n in BASELINES]
+    runs = [Run(n) for n in policies if n not in BASELINES]
+    runs += baseline_runs(baselines, cluster_spec, scripts, caps)
     results: dict[str, SimResult] = {}
     walls: dict[str, float] = {}
-    for name in policies:
+    for run in runs:
         started = time.perf_counter()
         sim = Simulator(
-            scripts, cluster_spec, get_policy(name), tool_means_s=tool_means, history=history
+            scripts,
+            cluster_spec,
+            get_policy(run.policy),
+            tool_means_s=bench.tool_means_s,
+            history=bench.history,
+            shape=run.shape,
+            config=SimConfig(max_trajectories_per_engine=run.cap),
         )
-        results[name] = sim.run(Progress(name) if progress else None)
-        walls[name] = time.perf_counter() - started
+        results[run.key] = sim.run(Progress(run.key) if progress else None)
+        walls[run.key] = time.perf_counter() - started
     report: dict[str, Any] = {
-        "workload": spec.name,
+        "workload": bench.name,
         "cluster": cluster_spec.name,
         "gpus": cluster_spec.gpus,
         "model": cluster_spec.model,
@@ -109,28 +161,60 @@ def run_rollout_bench(
             "serial_s": bound.serial_s,
             "work_s": bound.work_s,
         },
-        "policies": {name: {**r.as_dict(), "wall_s": walls[name]} for name, r in results.items()},
+        "runs": {
+            run.key: {
+                "policy": run.policy,
+                "tp": None if run.shape is None else run.shape.tps()[0],
+                "cap": run.cap,
+            }
+            for run in runs
+        },
+        "policies": {key: {**r.as_dict(), "wall_s": walls[key]} for key, r in results.items()},
     }
-    baselines = [n for n in policies if n in BASELINES]
-    heddle = results.get("heddle")
-    summary: dict[str, Any] = {}
-    if baselines:
-        best = max(baselines, key=lambda n: results[n].tokens_per_s)
-        summary["best_baseline"] = best
-        if heddle is not None:
-            summary["heddle_over_best_baseline"] = _ratio(
-                heddle.tokens_per_s, results[best].tokens_per_s
-            )
-    if heddle is not None:
-        summary["lower_bound_over_heddle_makespan"] = _ratio(bound.bound_s, heddle.makespan_s)
-    for name, r in results.items():
-        summary.setdefault("makespan_over_lower_bound", {})[name] = _ratio(
-            r.makespan_s, bound.bound_s
-        )
-    report["summary"] = summary
+    report["summary"] = _summary(report, runs, results, cluster_spec, bound.bound_s)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
     return report
+
+
+def _summary(
+    report: dict[str, Any],
+    runs: Sequence[Run],
+    results: dict[str, SimResult],
+    cluster: ClusterSpec,
+    bound_s: float,
+) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    baseline_runs_ = [r for r in runs if r.policy in BASELINES]
+    heddle = results.get("heddle")
+    if baseline_runs_:
+        best = max(baseline_runs_, key=lambda r: results[r.key].tokens_per_s)
+        summary["best_tuned_baseline"] = report["runs"][best.key] | {"key": best.key}
+        # The paper's configuration: its baseline TP, no in-flight cap.
+        paper = [
+            r
+            for r in baseline_runs_
+            if r.cap is None and r.shape is not None and r.shape.tps()[0] == cluster.baseline_tp
+        ]
+        if paper:
+            best_paper = max(paper, key=lambda r: results[r.key].tokens_per_s)
+            summary["paper_config_baseline"] = report["runs"][best_paper.key] | {
+                "key": best_paper.key
+            }
+        if heddle is not None:
+            summary["heddle_over_best_tuned_baseline"] = _ratio(
+                heddle.tokens_per_s, results[best.key].tokens_per_s
+            )
+            if paper:
+                summary["heddle_over_paper_config_baseline"] = _ratio(
+                    heddle.tokens_per_s, results[best_paper.key].tokens_per_s
+                )
+    if heddle is not None:
+        summary["lower_bound_over_heddle_makespan"] = _ratio(bound_s, heddle.makespan_s)
+    summary["makespan_over_lower_bound"] = {
+        key: _ratio(r.makespan_s, bound_s) for key, r in results.items()
+    }
+    return summary
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -138,31 +222,50 @@ def format_table(report: dict[str, Any]) -> str:
     lines = [
         f"{report['workload']} on {report['cluster']} ({report['gpus']} GPUs, {report['model']}), "
         f"{report['trajectories']} trajectories, seed {report['seed']}",
-        f"{'policy':15s} {'shape':>26s} {'tokens/s':>10s} {'makespan':>9s} {'p50':>8s} "
+        f"{'run':30s} {'tokens/s':>10s} {'makespan':>9s} {'p50':>8s} "
         f"{'p99':>8s} {'longest q':>9s} {'migr':>6s} {'wall':>6s}",
     ]
     for name, r in report["policies"].items():
+        label = name if " " in name else f"{name} {r['shape']}"
         lines.append(
-            f"{name:15s} {r['shape']:>26s} {r['tokens_per_s']:10.0f} {r['makespan_s']:8.1f}s "
+            f"{label:30s} {r['tokens_per_s']:10.0f} {r['makespan_s']:8.1f}s "
             f"{r['p50_completion_s']:7.1f}s {r['p99_completion_s']:7.1f}s "
             f"{r['longest_queue_delay_s']:8.1f}s {r['migrations']:6d} {r['wall_s']:5.1f}s"
         )
     bound = report["lower_bound"]
     lines.append(
-        f"{'lower bound':15s} {'':>26s} {'':>10s} {bound['makespan_s']:8.1f}s "
+        f"{'lower bound':30s} {'':>10s} {bound['makespan_s']:8.1f}s "
         f"(serial {bound['serial_s']:.1f}s, work {bound['work_s']:.1f}s)"
     )
     summary = report["summary"]
-    if "heddle_over_best_baseline" in summary:
+    if "best_tuned_baseline" in summary:
+        lines.append(f"best-tuned baseline: {summary['best_tuned_baseline']['key']}")
+    if "heddle_over_best_tuned_baseline" in summary:
         lines.append(
-            f"heddle / best baseline ({summary['best_baseline']}): "
-            f"{summary['heddle_over_best_baseline']:.2f}x tokens/s"
+            f"heddle / best-tuned baseline: {summary['heddle_over_best_tuned_baseline']:.2f}x "
+            "tokens/s"
+        )
+    if "heddle_over_paper_config_baseline" in summary:
+        lines.append(
+            f"heddle / best baseline at the paper's TP "
+            f"({summary['paper_config_baseline']['key']}): "
+            f"{summary['heddle_over_paper_config_baseline']:.2f}x tokens/s"
         )
     if "lower_bound_over_heddle_makespan" in summary:
         lines.append(
             f"lower bound / heddle makespan: {summary['lower_bound_over_heddle_makespan']:.2f}"
         )
     return "\n".join(lines)
+
+
+def _plotted(report: dict[str, Any]) -> list[str]:
+    """Heddle's runs, the best-tuned baseline and the paper-configuration baseline."""
+    summary = report["summary"]
+    keys = [k for k, run in report["runs"].items() if run["tp"] is None]
+    for label in ("best_tuned_baseline", "paper_config_baseline"):
+        if label in summary and summary[label]["key"] not in keys:
+            keys.append(summary[label]["key"])
+    return keys
 
 
 def plot(report: dict[str, Any], path: Path) -> bool:
@@ -175,7 +278,8 @@ def plot(report: dict[str, Any], path: Path) -> bool:
     except ImportError:
         return False
     fig, (cdf, util) = plt.subplots(1, 2, figsize=(13, 4.8))
-    for name, r in report["policies"].items():
+    for name in _plotted(report):
+        r = report["policies"][name]
         times = r["completion_s"]
         fractions = [i / (len(times) - 1) for i in range(len(times))] if len(times) > 1 else [1.0]
         style = "-" if name.startswith("heddle") else "--"

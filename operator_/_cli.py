@@ -93,6 +93,7 @@ def _cmd_rollout(args: argparse.Namespace, out: Path) -> int:
         seed=args.seed,
         prompts=args.prompts,
         gpus=args.gpus,
+        caps=_caps(args.baseline_caps),
         out=out,
         progress=not args.quiet,
     )
@@ -104,6 +105,27 @@ def _cmd_rollout(args: argparse.Namespace, out: Path) -> int:
     else:
         print("no plot: matplotlib is not installed (pip install 'heddle[plot]')")
     return 0
+
+
+def _caps(text: str | None) -> tuple[int | None, ...]:
+    """``none,64``: the in-flight caps per engine the baselines are tried with."""
+    from heddle.exceptions import ConfigError
+
+    from ._bench import DEFAULT_CAPS
+
+    if text is None:
+        return DEFAULT_CAPS
+    caps: list[int | None] = []
+    for word in (w.strip() for w in text.split(",") if w.strip()):
+        if word == "none":
+            caps.append(None)
+        elif word.isdigit() and int(word) > 0:
+            caps.append(int(word))
+        else:
+            raise ConfigError(
+                f"--baseline-caps {text!r}: write positive whole numbers or 'none', e.g. none,64"
+            )
+    return tuple(caps) or DEFAULT_CAPS
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -386,6 +408,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_bench.add_argument(
         "--prompts", type=int, default=None, help="override the workload's prompt count"
+    )
+    p_bench.add_argument(
+        "--baseline-caps",
+        default=None,
+        help="rollout: in-flight trajectories per engine to try each baseline with, e.g. "
+        "none,64 (the default); the best of every policy x TP x cap is the best-tuned baseline",
     )
     p_bench.add_argument("--quiet", action="store_true", help="no progress bar")
     p_bench.add_argument("--model", default=None, help="for 'worker': a model directory")

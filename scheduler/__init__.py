@@ -66,6 +66,7 @@ from ._predictor import (
 )
 from ._shape import AnnealingShapePlanner, FixedShape, ShapeConfig, ShapePlan, ShapePlanner
 from ._stats import pearson, tail_recall
+from ._trace import BenchWorkload, scripts_from_trace, synthetic_bench, trace_bench
 from ._types import (
     FinishedTrajectory,
     PoolShape,
@@ -83,6 +84,7 @@ __all__ = [
     "MODEL_PRESETS",
     "POLICIES",
     "AnnealingShapePlanner",
+    "BenchWorkload",
     "ClusterSpec",
     "ClusterView",
     "DPPlacement",
@@ -142,7 +144,10 @@ __all__ = [
     "pearson",
     "pick_preemption",
     "plan_placement",
+    "scripts_from_trace",
     "solve_contiguous",
     "solve_lengths",
+    "synthetic_bench",
     "tail_recall",
+    "trace_bench",
 ]

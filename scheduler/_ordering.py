@@ -38,9 +38,11 @@ class OrderingPolicy(ABC):
 class ProgressivePriority(OrderingPolicy):
     """Heddle: longest predicted *remaining* length first (a dynamic LPT).
 
-    Re-ranked after every step and tool result, as predictions sharpen, and
-    preemptive: a waiting step that outranks the lowest-ranked running step
-    evicts it (its prefix cache stays, so resuming costs little).
+    Re-ranked after every step and tool result, as predictions sharpen. The
+    paper also lets a waiting step that outranks the lowest-ranked running
+    step evict it (:func:`pick_preemption`); vLLM's scheduler admits by
+    priority but never evicts a running step for a waiting one, so neither
+    the worker nor the simulator applies that rule (docs/simulator.md).
     """
 
     name = "progressive"

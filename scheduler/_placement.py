@@ -225,10 +225,19 @@ class LeastLoadPlacement(PlacementPolicy):
     """slime: every step goes to the least-loaded engine, wherever the context lives.
 
     A step that lands elsewhere than its previous one loses the prefix cache
-    and re-prefills its whole context.
+    and re-prefills its whole context; a tie keeps it where it was.
     """
 
     name = "least-load"
+
+    def route(self, trajectory: Trajectory, view: ClusterView) -> str:
+        # A router sends a tie to where the context already is (no re-prefill for nothing).
+        best = view.least_loaded()
+        current = trajectory.instance
+        if view.has(current) and view.load.get(current or "", 0) <= view.load.get(best, 0):
+            assert current is not None
+            return current
+        return best
 
 
 class StickyPlacement(PlacementPolicy):

@@ -71,7 +71,6 @@ class SchedulingPolicy:
     adaptive_shape: bool
     predictor: str | None
     description: str
-    resident_contexts: bool = False  # workers pin the KV of trajectories in tool calls
 
 
 POLICIES: dict[str, SchedulingPolicy] = {
@@ -85,7 +84,6 @@ POLICIES: dict[str, SchedulingPolicy] = {
             True,
             "sibling",
             "progressive priority + presorted-DP placement + migration + adaptive TP shape",
-            resident_contexts=True,
         ),
         SchedulingPolicy(
             "heddle-order",
@@ -95,7 +93,6 @@ POLICIES: dict[str, SchedulingPolicy] = {
             False,
             "sibling",
             "ablation: progressive priority only (verl placement, fixed shape)",
-            resident_contexts=True,
         ),
         SchedulingPolicy(
             "heddle-place",
@@ -105,7 +102,6 @@ POLICIES: dict[str, SchedulingPolicy] = {
             False,
             "sibling",
             "ablation: + presorted-DP placement of new trajectories",
-            resident_contexts=True,
         ),
         SchedulingPolicy(
             "heddle-migrate",
@@ -115,7 +111,6 @@ POLICIES: dict[str, SchedulingPolicy] = {
             False,
             "sibling",
             "ablation: + opportunistic migration during tool calls (fixed shape)",
-            resident_contexts=True,
         ),
         SchedulingPolicy(
             "heddle-oracle",
@@ -125,7 +120,6 @@ POLICIES: dict[str, SchedulingPolicy] = {
             True,
             "oracle",
             "simulation only: heddle with a predictor that knows every true length",
-            resident_contexts=True,
         ),
         SchedulingPolicy(
             "verl",

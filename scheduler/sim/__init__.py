@@ -7,8 +7,9 @@ Engines jump from batch change to batch change, so a 64-GPU rollout of
 thousands of trajectories simulates in seconds. See docs/simulator.md.
 """
 
+from ._bound import LowerBound, lower_bound
 from ._entities import SimEngine, SimTrajectory
-from ._results import LowerBound, SimResult, lower_bound
+from ._results import SimResult
 from ._simulator import SimConfig, Simulator
 
 __all__ = [

@@ -60,14 +60,13 @@ class Segment:
 
 
 class _IdleCache:
-    """Contexts kept in an engine's KV cache while their trajectory is not running (LRU).
+    """Contexts kept in an engine's prefix cache while their trajectory is not running (LRU).
 
-    Pinned entries (trajectory-resident KV) are evicted only when asked to.
+    Like vLLM's prefix cache: any newcomer may evict them, least recent first.
     """
 
     def __init__(self) -> None:
         self.tokens: OrderedDict[str, int] = OrderedDict()
-        self.pinned: set[str] = set()
         self.total = 0
 
     def __contains__(self, trajectory_id: str) -> bool:
@@ -76,50 +75,50 @@ class _IdleCache:
     def get(self, trajectory_id: str) -> int:
         return self.tokens.get(trajectory_id, 0)
 
-    def put(self, trajectory_id: str, tokens: int, *, pin: bool = False) -> None:
+    def put(self, trajectory_id: str, tokens: int) -> None:
         self.pop(trajectory_id)
         self.tokens[trajectory_id] = tokens
         self.total += tokens
-        if pin:
-            self.pinned.add(trajectory_id)
 
     def pop(self, trajectory_id: str) -> int:
         tokens = self.tokens.pop(trajectory_id, 0)
         self.total -= tokens
-        self.pinned.discard(trajectory_id)
         return tokens
 
-    def evict(self, amount: int, *, keep: str | None, pinned_too: bool) -> int:
+    def evict(self, amount: int, *, keep: str | None) -> int:
         """Evict least recent entries until ``amount`` tokens are freed; return tokens freed."""
         freed = 0
-        for evict_pinned in (False, True) if pinned_too else (False,):
-            for tid in list(self.tokens):
-                if freed >= amount:
-                    return freed
-                if tid == keep or (tid in self.pinned) != evict_pinned:
-                    continue
-                freed += self.pop(tid)
+        for tid in list(self.tokens):
+            if freed >= amount:
+                break
+            if tid == keep:
+                continue
+            freed += self.pop(tid)
         return freed
 
 
 class SimEngine:
-    """One engine instance: a priority queue, a running batch, and a prefix cache."""
+    """One engine instance: a priority queue, a running batch, and a prefix cache.
+
+    It does what vLLM's v1 scheduler (0.32, ``scheduling_policy="priority"``)
+    does and nothing more: waiting steps are admitted highest priority first
+    while the batch has a free slot and the KV cache has room (idle prefix
+    caches are evicted least recent first to make it); a running step is never
+    displaced by a waiting one; when the running batch's KV no longer fits, the
+    lowest-priority running step is preempted and loses its KV (recompute).
+    The paper's rule of evicting a running step for a higher-priority waiting
+    one has no counterpart in vLLM, so it is not simulated (docs/simulator.md).
+    """
 
     def __init__(
         self,
         instance: EngineInstance,
         perf: PerfModel,
         priority: Callable[[Trajectory], float],
-        preemptive: bool,
-        pin_resident: bool = False,
     ) -> None:
         self.instance = instance
         self.perf = perf
         self.priority = priority
-        self.preemptive = preemptive
-        # Trajectory-resident KV (Heddle's worker): contexts of trajectories in a tool
-        # call are pinned; newcomers may not evict them, so they wait instead.
-        self.pin_resident = pin_resident
         self.running: dict[str, SimTrajectory] = {}
         self.running_context = 0  # tokens the running batch holds in KV
         self.waiting: dict[str, SimTrajectory] = {}
@@ -127,7 +126,6 @@ class SimEngine:
         # so the heap stays valid; entries of steps that left are skipped lazily.
         self._queue: list[tuple[float, str]] = []
         self.cache = _IdleCache()
-        self._residents: dict[str, SimTrajectory] = {}  # pinned contexts' trajectories
         self.segment: Segment | None = None
         self.version = 0  # bumps whenever the pending wake-up is superseded
         self.pending_prefill_tokens = 0  # migrations warming this engine's cache
@@ -145,18 +143,15 @@ class SimEngine:
     def load(self) -> int:
         return len(self.running) + len(self.waiting)
 
-    def _free_kv(self, needed: int, keep: str | None = None, pinned_too: bool = False) -> bool:
+    def _free_kv(self, needed: int, keep: str | None = None) -> bool:
         """Make room for ``needed`` more tokens, evicting idle caches least recent first.
 
-        Pinned contexts go only when ``pinned_too``; ``keep``'s own cache never goes.
+        ``keep``'s own cache never goes (it is about to be used).
         """
         short = self.running_context + self.cache.total + needed - self.instance.kv_capacity_tokens
         if short <= 0:
             return True
-        freed = self.cache.evict(short, keep=keep, pinned_too=pinned_too)
-        if pinned_too and self._residents:
-            self._residents = {t: s for t, s in self._residents.items() if t in self.cache.pinned}
-        return freed >= short
+        return self.cache.evict(short, keep=keep) >= short
 
     def _run(self, sim: SimTrajectory) -> None:
         self.running[sim.id] = sim
@@ -167,35 +162,8 @@ class SimEngine:
         self.running_context -= sim.traj.context_tokens
 
     def keep(self, sim: SimTrajectory) -> None:
-        """A step ended and a tool call began: its context stays (pinned, if resident)."""
-        self.cache.put(sim.id, sim.traj.context_tokens, pin=self.pin_resident)
-        if self.pin_resident:
-            self._residents[sim.id] = sim
-
-    def _evict_outranked(self, needed: int, head: SimTrajectory) -> bool:
-        """Unpin and evict resident contexts that ``head`` outranks, lowest priority first.
-
-        A pin protects a trajectory in a tool call from newcomers it outranks,
-        not from ones that outrank it (the paper's preemption rule, applied to
-        resident KV); the evicted one recomputes when it returns.
-        """
-        short = self.running_context + self.cache.total + needed - self.instance.kv_capacity_tokens
-        rank = self.priority(head.traj)
-        victims = sorted(
-            (
-                (self.priority(self._residents[tid].traj), tid)
-                for tid in self.cache.pinned
-                if tid != head.id and tid in self._residents
-            ),
-            reverse=True,
-        )
-        for priority, tid in victims:
-            if short <= 0:
-                break
-            if priority <= rank:
-                break
-            short -= self.release_cache(tid)
-        return short <= 0
+        """A step ended and a tool call began: its context stays in the prefix cache (LRU)."""
+        self.cache.put(sim.id, sim.traj.context_tokens)
 
     # -- queueing -------------------------------------------------------------
     def enqueue(self, sim: SimTrajectory, now: float) -> None:
@@ -205,17 +173,16 @@ class SimEngine:
         heapq.heappush(self._queue, (self.priority(sim.traj), sim.id))
 
     def can_start_now(self) -> bool:
-        """Would an arrival join (or, preemptively, displace) the batch at the next boundary?"""
-        return len(self.running) < self.perf.batch_cap or self.preemptive
+        """Would an arrival join the batch at the next iteration boundary?"""
+        return len(self.running) < self.perf.batch_cap
 
     def release_cache(self, trajectory_id: str) -> int:
-        self._residents.pop(trajectory_id, None)
         return self.cache.pop(trajectory_id)
 
     def warm(self, trajectory_id: str, tokens: int) -> None:
         """A migration imports a context: prefill it (next segment) and keep it cached."""
         self.pending_prefill_tokens += tokens
-        self.cache.put(trajectory_id, tokens, pin=self.pin_resident)
+        self.cache.put(trajectory_id, tokens)
 
     # -- segments -------------------------------------------------------------
     def finish_segment(self, now: float) -> list[SimTrajectory]:
@@ -266,9 +233,9 @@ class SimEngine:
         return seg.end_s
 
     def _admit(self, now: float) -> int:
-        """Admit waiting steps by priority (preempting if allowed); return prefill tokens."""
+        """Admit waiting steps by priority while a slot and KV are free; return prefill tokens."""
         cap = self.perf.batch_cap
-        if self.draining or not self.waiting or (len(self.running) >= cap and not self.preemptive):
+        if self.draining or not self.waiting or len(self.running) >= cap:
             return 0
         prefill = 0
         queue = self._queue
@@ -279,19 +246,10 @@ class SimEngine:
                 heapq.heappop(queue)  # it left, or it was re-queued with another priority
                 continue
             sim = sim_or_none
-            # Preemption takes a batch slot, not KV: evicting a victim that keeps its
-            # cache frees no memory, and dropping its cache would only trade recomputes.
-            if len(self.running) >= cap and (
-                not self.preemptive or not self._preempt_for(sim, now)
-            ):
+            if len(self.running) >= cap:
                 break
             own = min(self.cache.get(sim.id), sim.traj.context_tokens)
-            # An idle engine may break pins rather than sit idle; so may a resident returning.
-            pinned_too = not self.running or sim.id in self.cache.pinned
-            needed = sim.traj.context_tokens - own
-            if not self._free_kv(needed, sim.id, pinned_too) and not (
-                self.preemptive and self._evict_outranked(needed, sim)
-            ):
+            if not self._free_kv(sim.traj.context_tokens - own, sim.id):
                 break
             heapq.heappop(queue)
             del self.waiting[sim.id]
@@ -309,20 +267,6 @@ class SimEngine:
                 sim.engines.append(self.name)
             self._run(sim)
         return prefill
-
-    def _preempt_for(self, head: SimTrajectory, now: float) -> bool:
-        """The paper's rule: evict the lowest-priority running step if ``head`` outranks it."""
-        if not self.running:
-            return False
-        victim = max(self.running.values(), key=lambda s: (self.priority(s.traj), s.id))
-        if self.priority(head.traj) >= self.priority(victim.traj):
-            return False
-        self._stop(victim)
-        self.preemptions += 1
-        # The prefix cache is kept: it resumes without recomputing (until evicted).
-        self.cache.put(victim.id, victim.traj.context_tokens)
-        self.enqueue(victim, now)
-        return True
 
     def start_segment(self, now: float) -> float | None:
         """Admit, then plan the next segment; return its end (None when idle)."""
@@ -354,7 +298,7 @@ class SimEngine:
     def relieve_kv_pressure(self, now: float) -> None:
         """Evict idle caches, then recompute-preempt the lowest-priority step, until growth fits."""
         while self.running:
-            if self._free_kv(len(self.running), pinned_too=True):
+            if self._free_kv(len(self.running)):
                 return
             victim = max(self.running.values(), key=lambda s: (self.priority(s.traj), s.id))
             self._stop(victim)

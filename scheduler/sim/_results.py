@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._cluster import ClusterSpec
 from .._stats import pearson, tail_recall
-from .._workload import TrajectoryScript
 
 if TYPE_CHECKING:
     from ._simulator import Simulator
 
-__all__ = ["LowerBound", "SimResult", "lower_bound", "summarise"]
+__all__ = ["SimResult", "summarise"]
 
 
 @dataclass(frozen=True)
@@ -104,80 +101,10 @@ def summarise(sim: Simulator, events: int) -> SimResult:
         longest_queue_delay_s=longest.queue_delay_s,
         migrations=sim.migrations,
         preemptions=sum(e.preemptions for e in sim.engines.values()),
-        reshapes=int(sim.shape != sim.cluster.baseline_shape()),
+        reshapes=int(sim.reshaped),
         recompute_tokens=max(0, sum(s.prefill_tokens for s in sims) - first_prefill),
         events=events,
         predictor=_predictor_quality(sim),
         utilisation=_utilisation(sim, makespan),
         completion_s=[float(x) for x in completion[::step]] + [makespan],
     )
-
-
-@dataclass(frozen=True)
-class LowerBound:
-    """``max(serial_s, work_s)``: no schedule on this cluster can finish sooner.
-
-    ``serial_s``: the slowest trajectory run alone on its fastest TP degree,
-    tools included. ``work_s``: the GPU-seconds every token needs at the best
-    case (full batches at the batch cap, weights and its own context read once
-    per token, prompts prefilled once), spread over all GPUs.
-    """
-
-    serial_s: float
-    work_s: float
-
-    @property
-    def bound_s(self) -> float:
-        return max(self.serial_s, self.work_s)
-
-
-def _serial_time(script: TrajectoryScript, cluster: ClusterSpec) -> float:
-    perf = cluster.perf_model()
-    best = math.inf
-    for tp in cluster.tensor_parallel_sizes:
-        if perf.kv_capacity_tokens(tp) <= 0:
-            continue
-        t = perf.prefill_time(script.prompt_tokens, tp)
-        context = script.prompt_tokens
-        for i, tokens in enumerate(script.turn_tokens):
-            t += perf.segment_time(1, context, tp, tokens)
-            context += tokens
-            if i < len(script.tool_latency_s):
-                t += script.tool_latency_s[i]
-                context += script.tool_output_tokens[i]
-        best = min(best, t)
-    return best
-
-
-def lower_bound(scripts: Sequence[TrajectoryScript], cluster: ClusterSpec) -> LowerBound:
-    perf = cluster.perf_model()
-    hw, model = perf.hardware, perf.model
-    bandwidth = hw.hbm_bandwidth_gbps * 1e9 * hw.bandwidth_efficiency
-    flops = hw.bf16_tflops * 1e12 * hw.compute_efficiency
-    # GPU-seconds per token at TP1 (the cheapest per GPU), full batch of batch_cap.
-    per_token_fixed = (model.weight_bytes / bandwidth + perf._fixed_time(1, 1)) / perf.batch_cap
-    total_tokens = 0
-    context_token_sum = 0.0  # sum over generated tokens of the context each one reads
-    prefill_tokens = 0
-    for s in scripts:
-        context = s.prompt_tokens
-        prefill_tokens += s.prompt_tokens + sum(s.tool_output_tokens)
-        for i, n in enumerate(s.turn_tokens):
-            context_token_sum += n * context + n * (n - 1) / 2.0
-            context += n
-            if i < len(s.tool_output_tokens):
-                context += s.tool_output_tokens[i]
-        total_tokens += s.total_tokens
-    memory_gpu_s = total_tokens * per_token_fixed + context_token_sum * model.kv_bytes_per_token / (
-        bandwidth
-    )
-    compute_gpu_s = 2.0 * model.params_billion * 1e9 * total_tokens / flops
-    prefill_gpu_s = 2.0 * model.params_billion * 1e9 * prefill_tokens / flops
-    work = (max(memory_gpu_s, compute_gpu_s) + prefill_gpu_s) / cluster.gpus
-    # Only the longest trajectories (by tokens or by tool time) can decide the serial bound.
-    by_tokens = sorted(scripts, key=lambda s: -s.total_tokens)[:32]
-    by_tools = sorted(scripts, key=lambda s: -sum(s.tool_latency_s))[:32]
-    serial = max(
-        _serial_time(s, cluster) for s in {id(s): s for s in by_tokens + by_tools}.values()
-    )
-    return LowerBound(serial_s=serial, work_s=work)

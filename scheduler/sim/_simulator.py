@@ -43,10 +43,18 @@ class SimConfig:
     quality_steps: tuple[int, ...] = (1, 2, 4)  # steps at which predictor quality is scored
     max_events: int = 50_000_000  # a guard against a scheduling bug looping forever
     trace: bool = False  # record every handled event in Simulator.trace (tests, debugging)
+    # At most this many trajectories in flight per engine (None: all at once); the rest
+    # start, in task order, as others finish. A knob verl's and slime's users turn
+    # (rollout concurrency) so that fewer contexts fight for the KV cache.
+    max_trajectories_per_engine: int | None = None
 
     def __post_init__(self) -> None:
         if self.replan_interval_s <= 0:
             raise ConfigError(f"replan_interval_s={self.replan_interval_s} must be > 0")
+        if self.max_trajectories_per_engine is not None and self.max_trajectories_per_engine < 1:
+            raise ConfigError(
+                f"max_trajectories_per_engine={self.max_trajectories_per_engine} must be >= 1"
+            )
         if self.initial_reshape_s < 0:
             raise ConfigError(f"initial_reshape_s={self.initial_reshape_s} must be >= 0")
 
@@ -58,6 +66,9 @@ class Simulator:
     predictor and, for adaptive policies, the initial TP shape.
     ``tool_means_s`` gives the expected latency of each tool, which is what the
     scheduler knows about a running tool call (the script holds the truth).
+    ``shape`` pins the pool's TP mix (a benchmark's homogeneous TP sweep);
+    otherwise adaptive policies plan it and the others run the cluster's
+    baseline shape.
     """
 
     def __init__(
@@ -70,6 +81,7 @@ class Simulator:
         history: Sequence[FinishedTrajectory] = (),
         config: SimConfig | None = None,
         predictor: LengthPredictor | None = None,
+        shape: PoolShape | None = None,
     ) -> None:
         if not scripts:
             raise ConfigError("the workload has no trajectories to simulate")
@@ -92,24 +104,24 @@ class Simulator:
         self.sims = {
             s.id: SimTrajectory(s, Trajectory(s.id, s.group_id, s.prompt_tokens)) for s in scripts
         }
-        self.shape = self._initial_shape(history)
+        if shape is not None and shape.gpus > cluster.gpus:
+            raise ConfigError(
+                f"shape {shape} uses {shape.gpus} GPUs; the cluster has {cluster.gpus}"
+            )
+        self.shape = shape if shape is not None else self._initial_shape(history)
+        self.reshaped = shape is None and self.shape != cluster.baseline_shape()
         self.engines: dict[str, SimEngine] = {}
         counter = itertools.count()
         for tp in self.shape.tps():
             inst = self.perf.instance(f"tp{tp}-{next(counter)}", tp)
             self._check_fits(inst)
-            self.engines[inst.name] = SimEngine(
-                inst,
-                self.perf,
-                self.ordering.priority,
-                self.ordering.preemptive,
-                pin_resident=policy.resident_contexts,
-            )
+            self.engines[inst.name] = SimEngine(inst, self.perf, self.ordering.priority)
         self._events: list[tuple[float, int, int, str, int]] = []
         self._seq = itertools.count()
         self._moving: set[str] = set()  # engines sending or receiving a move
         self._move_of: dict[str, Move] = {}
         self._finished = 0
+        self._not_started: list[SimTrajectory] = []  # past the in-flight cap, reversed order
         self.migrations = 0
         self.replans = 0
         self.trace: list[tuple[float, str, str]] = []  # (time, event, engine or trajectory)
@@ -187,6 +199,8 @@ class Simulator:
             self._finished += 1
             if self.predictor is not None:
                 self.predictor.finish(traj)
+            if self._not_started:
+                self._dispatch(self._not_started.pop(), now)
             return
         engine.keep(sim)
         tool = script.tool_names[traj.turns - 1]
@@ -250,14 +264,15 @@ class Simulator:
     # -- the run ---------------------------------------------------------------------
     def run(self, progress: Callable[[int, int], None] | None = None) -> SimResult:
         """Simulate until every trajectory finishes; ``progress(done, total)`` as they do."""
-        start = (
-            self.config.initial_reshape_s if self.shape != self.cluster.baseline_shape() else 0.0
-        )
+        start = self.config.initial_reshape_s if self.reshaped else 0.0
         sims = list(self.sims.values())
         for sim in sims:
             self._predict(sim)
         self.placement.replan([s.traj for s in sims], self._view())
-        for sim in sims:
+        cap = self.config.max_trajectories_per_engine
+        first = sims if cap is None else sims[: cap * len(self.engines)]
+        self._not_started = sims[len(first) :][::-1]
+        for sim in first:
             self._dispatch(sim, start)
         if self.policy.migration != "none" or self.policy.placement == "presorted-dp":
             self._push(start + self.config.replan_interval_s, _REPLAN, "")

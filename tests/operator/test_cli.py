@@ -85,7 +85,7 @@ def test_unknown_bench_target_is_refused_by_the_parser() -> None:
     assert "invalid choice" in result.stderr
 
 
-def test_bench_rollout_compares_policies_and_writes_results(tmp_path: Path) -> None:
+def test_bench_rollout_compares_heddle_with_the_best_tuned_baseline(tmp_path: Path) -> None:
     code = main(
         [
             "bench",
@@ -98,20 +98,85 @@ def test_bench_rollout_compares_policies_and_writes_results(tmp_path: Path) -> N
             "--quiet",
             "--policies",
             "heddle,verl,slime",
+            "--baseline-caps",
+            "none,8",
             "--out",
             str(tmp_path),
         ]
     )
     assert code == 0
     report = json.loads((tmp_path / "results.json").read_text())
-    assert set(report["policies"]) == {"heddle", "verl", "slime"}
+    # Every baseline at every homogeneous TP the 4 GPUs allow, with and without the cap.
+    expected = {"heddle"} | {
+        f"{p} {4 // tp}xTP{tp}{cap}" for p in ("verl", "slime") for tp in (1, 2, 4)
+        for cap in ("", " cap8")
+    }  # fmt: skip
+    assert set(report["policies"]) == expected
     assert report["trajectories"] == 6 * 16
-    assert report["summary"]["best_baseline"] in {"verl", "slime"}
+    summary = report["summary"]
+    best = summary["best_tuned_baseline"]
+    throughput = {k: r["tokens_per_s"] for k, r in report["policies"].items() if k != "heddle"}
+    assert throughput[best["key"]] == max(throughput.values())
+    assert (
+        summary["paper_config_baseline"]["tp"] == 1
+        and summary["paper_config_baseline"]["cap"] is None
+    )
+    heddle = report["policies"]["heddle"]["tokens_per_s"]
+    assert summary["heddle_over_best_tuned_baseline"] == pytest.approx(
+        heddle / throughput[best["key"]]
+    )
     bound = report["lower_bound"]["makespan_s"]
     for result in report["policies"].values():
         assert result["makespan_s"] >= bound
-        assert result["tokens"] == report["policies"]["verl"]["tokens"]
+        assert result["tokens"] == report["policies"]["heddle"]["tokens"]
     assert (tmp_path / "rollout.png").stat().st_size > 10_000
+
+
+def test_bench_rollout_replays_a_trace_of_heddle_records(tmp_path: Path) -> None:
+    """A trace in Heddle's own output format: only finished records are replayed."""
+    rows = [
+        {"task_id": f"p{g}", "sample": s, "status": "done", "tokens": {"prompt": 300},
+         "trace": {"turn_tokens": [200 * (g + 1), 50], "tool_latency_s": [0.4],
+                   "tool_output_tokens": [30]}}
+        for g in range(3) for s in range(4)
+    ] + [{"task_id": "p9", "sample": 0, "status": "truncated", "tokens": {"prompt": 1},
+          "trace": {"turn_tokens": [1]}}]  # fmt: skip
+    trace = tmp_path / "rollout.jsonl"
+    trace.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    code = main(
+        [
+            "bench",
+            "--workload",
+            str(trace),
+            "--gpus",
+            "2",
+            "--quiet",
+            "--policies",
+            "heddle,verl",
+            "--baseline-caps",
+            "none",
+            "--out",
+            str(tmp_path / "out"),
+        ]  # fmt: skip
+    )
+    assert code == 0
+    report = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert report["workload"] == "rollout" and report["trajectories"] == 12
+    assert report["policies"]["heddle"]["tokens"] == sum(200 * (g + 1) + 50 for g in range(3)) * 4
+
+
+def test_a_malformed_trace_is_one_sentence_naming_the_line(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        '{"group": "g", "prompt_tokens": 5, "turn_tokens": [3]}\n'
+        '{"group": "g", "prompt_tokens": 5, "turn_tokens": [3, 4], "secret": "hunter2"}\n'
+    )
+    result = run("bench", "--workload", str(trace), "--out", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"heddle: error: {trace} line 2: 2 turns need 1 tool calls between them, but "
+        "'tool_latency_s' has 0 and 'tool_output_tokens' 0"
+    )
 
 
 def test_bench_rollout_refuses_an_unknown_policy(tmp_path: Path) -> None:

@@ -35,6 +35,14 @@ def test_slime_routes_every_step_to_the_least_loaded_engine() -> None:
     assert policy.route(traj("a", instance="e0"), view({"e0": 5, "e1": 2, "e2": 3})) == "e1"
 
 
+def test_slime_keeps_a_step_on_its_engine_when_that_engine_ties_for_least_load() -> None:
+    policy = LeastLoadPlacement()
+    loads = {"e0": 2, "e1": 2, "e2": 3}
+    assert policy.route(traj("a", instance="e1"), view(loads)) == "e1"  # not the first listed
+    assert policy.route(traj("b", instance="e2"), view(loads)) == "e0"
+    assert policy.route(traj("c"), view(loads)) == "e0"  # a first step: the earliest listed
+
+
 def test_verl_pins_a_trajectory_to_its_first_engine() -> None:
     policy = StickyPlacement()
     loads = {"e0": 50, "e1": 0}
