@@ -157,7 +157,7 @@ def test_bench_rollout_replays_a_trace_of_heddle_records(tmp_path: Path) -> None
             "none",
             "--out",
             str(tmp_path / "out"),
-        ]  # fmt: skip
+        ]
     )
     assert code == 0
     report = json.loads((tmp_path / "out" / "results.json").read_text())
