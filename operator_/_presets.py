@@ -22,7 +22,7 @@ from heddle.scheduler import (
 
 __all__ = ["WORKLOAD_PRESETS", "load_bench_workload", "load_cluster", "load_workload"]
 
-WORKLOAD_PRESETS = ("coding", "search", "math", "flat", "quickstart")
+WORKLOAD_PRESETS = ("coding", "search", "math", "flat", "pareto", "bimodal", "quickstart")
 CLUSTER_PRESETS = {"64xh100": "cluster-64xh100.yaml"}
 
 

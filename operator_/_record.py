@@ -43,6 +43,8 @@ class TrajectoryRun:
     moving: asyncio.Task[None] | None = None
     tool_calls: int = 0
     tool_errors: int = 0
+    tool_latency_s: list[float] = field(default_factory=list)  # per tool gap between turns
+    tool_output_tokens: list[int] = field(default_factory=list)  # context added by each gap
     started_at: float = 0.0
     finished_at: float = 0.0
     queue_s: float = 0.0
@@ -58,6 +60,7 @@ class TrajectoryRun:
             self.tokens.extend(reply.appended_token_ids)
             self.mask.extend([0] * len(reply.appended_token_ids))
         else:
+            self.tool_output_tokens.append(len(reply.appended_token_ids))
             self.tokens.extend(reply.appended_token_ids)
             self.mask.extend([0] * len(reply.appended_token_ids))
             if want_logprobs:
@@ -119,6 +122,11 @@ class TrajectoryRun:
                 "steps": list(self.steps_on),
                 "migrations": list(self.migrations),
                 "recomputes": self.recomputes,
+            },
+            "trace": {  # replayable by `heddle bench --workload OUTPUT.jsonl`
+                "turn_tokens": list(self.traj.turn_tokens),
+                "tool_latency_s": [round(x, 4) for x in self.tool_latency_s],
+                "tool_output_tokens": list(self.tool_output_tokens),
             },
             "policy": policy,
             "metadata": dict(self.task.metadata),

@@ -347,7 +347,9 @@ class RolloutSession:
                 time.monotonic() - self._started + run.episode.expected_tool_s
             )
             self._predict(run)
+            tool_started = time.monotonic()
             outcome = await run.episode.after_turn(traj.turns - 1, reply.text, reply.finish_reason)
+            tool_s = time.monotonic() - tool_started
             traj.tool_expected_end_s = None
             run.tool_calls += len(outcome.tool_calls)
             run.tool_errors += outcome.tool_errors
@@ -360,6 +362,7 @@ class RolloutSession:
                 status = "failed" if outcome.finish_reason == "failed" else "done"
                 return self._finish(run, status, outcome.finish_reason, outcome.error)
             run.pending.extend(outcome.messages)
+            run.tool_latency_s.append(tool_s)
             if outcome_done:
                 return self._finish(run, "truncated", reason)
             self._predict(run)

@@ -18,12 +18,16 @@ import numpy as np
 from heddle.exceptions import WorkloadError
 
 __all__ = [
+    "LENGTH_FAMILIES",
     "Distribution",
     "ToolSpec",
     "TrajectoryScript",
     "WorkloadSpec",
     "generate",
 ]
+
+
+LENGTH_FAMILIES = ("lognormal", "pareto", "bimodal")
 
 
 def _take(data: Any, path: str, required: set[str], optional: set[str]) -> dict[str, Any]:
@@ -110,10 +114,15 @@ class ToolSpec:
 class WorkloadSpec:
     """A workload: GRPO groups whose samples' lengths correlate.
 
-    Output tokens of a trajectory: ``exp(log median + group_sigma * g + within_sigma * e)``
-    with ``g`` shared by a prompt's samples, clipped to ``max``. The sibling
-    correlation of log length is ``group_sigma² / (group_sigma² + within_sigma²)``.
-    Turns grow with length: ``median_turns * (tokens / median)^length_exponent``.
+    Output tokens of a trajectory: ``exp(log median + G + within_sigma * e)``,
+    clipped to ``max``, where the prompt's effect ``G`` is shared by its samples:
+    ``group_sigma * g`` (``family: lognormal``, the default; the sibling
+    correlation of log length is ``group_sigma² / (group_sigma² + within_sigma²)``),
+    the log of a Pareto(``alpha``) factor of median 1 (``family: pareto``: a
+    power-law tail of hard prompts), or ``log(long_median / median)`` for a
+    ``long_fraction`` of prompts and 0 for the rest, plus ``group_sigma * g``
+    (``family: bimodal``: easy and hard prompts). Turns grow with length:
+    ``median_turns * (tokens / median)^length_exponent``.
     """
 
     name: str
@@ -130,6 +139,34 @@ class WorkloadSpec:
     max_turns: int
     tools: tuple[ToolSpec, ...]
     description: str = ""
+    family: str = "lognormal"  # of the prompt effect: lognormal, pareto, bimodal
+    pareto_alpha: float = 0.0  # pareto: tail index (smaller: heavier tail)
+    long_fraction: float = 0.0  # bimodal: share of hard prompts
+    long_median: float = 0.0  # bimodal: median output tokens of a hard prompt
+
+    def __post_init__(self) -> None:
+        if self.family not in LENGTH_FAMILIES:
+            raise WorkloadError(
+                f"{self.name}: output_tokens.family {self.family!r} is not one of "
+                f"{list(LENGTH_FAMILIES)}"
+            )
+        if self.family == "pareto" and self.pareto_alpha <= 0:
+            raise WorkloadError(f"{self.name}: output_tokens.alpha must be > 0 for family pareto")
+        if self.family == "bimodal" and not (0 < self.long_fraction < 1 and self.long_median > 0):
+            raise WorkloadError(
+                f"{self.name}: family bimodal needs output_tokens.long_fraction in (0, 1) "
+                "and long_median > 0"
+            )
+
+    def group_effect(self, rng: np.random.Generator) -> float:
+        """The log-length shift a prompt gives all its samples."""
+        if self.family == "pareto":
+            return (float(rng.exponential()) - math.log(2.0)) / self.pareto_alpha
+        if self.family == "bimodal":
+            hard = float(rng.random()) < self.long_fraction
+            shift = math.log(self.long_median / self.output_median) if hard else 0.0
+            return shift + self.group_sigma * float(rng.standard_normal())
+        return self.group_sigma * float(rng.standard_normal())
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "workload") -> WorkloadSpec:
@@ -143,7 +180,7 @@ class WorkloadSpec:
             d["output_tokens"],
             f"{source}.output_tokens",
             {"median", "max"},
-            {"group_sigma", "within_sigma"},
+            {"group_sigma", "within_sigma", "family", "alpha", "long_fraction", "long_median"},
         )
         turns = _take(
             d["turns"], f"{source}.turns", {"median"}, {"length_exponent", "sigma", "max"}
@@ -170,6 +207,12 @@ class WorkloadSpec:
             within_sigma=_number(
                 out.get("within_sigma", 0.0), f"{source}.output_tokens.within_sigma"
             ),
+            family=str(out.get("family", "lognormal")),
+            pareto_alpha=_number(out.get("alpha", 0.0), f"{source}.output_tokens.alpha"),
+            long_fraction=_number(
+                out.get("long_fraction", 0.0), f"{source}.output_tokens.long_fraction"
+            ),
+            long_median=_number(out.get("long_median", 0.0), f"{source}.output_tokens.long_median"),
             max_output_tokens=int(
                 _number(out["max"], f"{source}.output_tokens.max", minimum=1, integer=True)
             ),
@@ -230,7 +273,7 @@ def generate(spec: WorkloadSpec, seed: int = 0) -> list[TrajectoryScript]:
     for p in range(spec.prompts):
         group_id = f"{spec.name}-p{p:05d}"
         prompt_tokens = max(1, int(spec.prompt_tokens.draw(rng)))
-        group_effect = spec.group_sigma * rng.standard_normal()
+        group_effect = spec.group_effect(rng)
         for s in range(spec.samples_per_prompt):
             log_len = log_median + group_effect + spec.within_sigma * rng.standard_normal()
             total = int(min(spec.max_output_tokens, max(1.0, math.exp(log_len))))

@@ -146,3 +146,9 @@ def assert_consistent(record: dict[str, Any]) -> None:
     assert len(record["placement"]["steps"]) == record["turns"]
     assistant = [m for m in record["messages"] if m["role"] == "assistant"]
     assert len(assistant) == record["turns"]
+    trace = record["trace"]  # what `heddle bench` replays: the same counts, per turn
+    assert len(trace["turn_tokens"]) == record["turns"]
+    assert sum(trace["turn_tokens"]) == record["tokens"]["generated"]
+    assert sum(trace["tool_output_tokens"]) == record["tokens"]["tool"]
+    assert len(trace["tool_output_tokens"]) == max(0, record["turns"] - 1)
+    assert len(trace["tool_latency_s"]) >= len(trace["tool_output_tokens"])
