@@ -33,7 +33,7 @@ __all__ = ["ABLATION", "DEFAULT_CAPS", "Progress", "Run", "baseline_runs", "run_
 
 ABLATION = ("heddle-order", "heddle-place", "heddle-migrate", "heddle")
 # In-flight caps per engine the baselines are tried with (None: every trajectory at once).
-DEFAULT_CAPS: tuple[int | None, ...] = (None, 64)
+DEFAULT_CAPS: tuple[int | None, ...] = (None, 64, 128)
 
 
 class Progress:
