@@ -210,15 +210,33 @@ def test_tool_failure_can_fail_the_trajectory(
     scripted_pool: tuple[LocalPool, list[WorkerEndpoint]], tool_server: ToolServer, tmp_path: Path
 ) -> None:
     _, workers = scripted_pool
-    endpoints = (ToolEndpointSpec("junk", tool_server.url + "/garbage", timeout_s=0.3, retries=2),)
+    endpoints = (
+        ToolEndpointSpec("junk", tool_server.url + "/garbage", timeout_s=0.3, retries=2),
+        ToolEndpointSpec("strict", tool_server.url + "/refuse", timeout_s=0.3, retries=2),
+    )
     env = ToolsEnvironment(ToolsSpec(endpoints=endpoints, on_error="fail"))
-    tasks = [_tool_task("a", _call("junk"), "never"), _tool_task("b", "no tools needed")]
+    tasks = [
+        _tool_task("a", _call("junk"), "never"),
+        _tool_task("b", "no tools needed"),
+        _tool_task("unknown", _call("nope"), "never"),  # onError: fail covers unknown tools
+        _tool_task("refused", _call("strict"), "never"),  # ... and a 4xx
+        _tool_task("broken", "<tool_call>{broken</tool_call>", "fixed it"),  # never fails it
+    ]
     out = tmp_path / "out.jsonl"
     result = asyncio.run(_session(workers, out, tasks, env, 2).run())
     records = read_records(out)
     assert_exactly_once(records, _keys(tasks, 2))
-    failed = [r for r in records if r["task_id"] == "a"]
-    assert all(r["status"] == "failed" and "after 3 attempts" in r["error"] for r in failed)
-    assert all(r["status"] == "done" for r in records if r["task_id"] == "b")
-    assert result.progress.failed == 2
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by_task.setdefault(r["task_id"], []).append(r)
+    for task_id, error in (
+        ("a", "after 3 attempts"),
+        ("unknown", "unknown tool 'nope'"),
+        ("refused", "refused the call (400)"),
+    ):
+        assert all(r["status"] == "failed" and error in r["error"] for r in by_task[task_id])
+    assert all(r["status"] == "done" for r in by_task["b"])
+    assert all(r["status"] == "done" and r["tool_errors"] == 1 for r in by_task["broken"])
+    assert result.progress.failed == 6
     assert len([c for c in tool_server.calls if c[0] == "/garbage"]) == 2 * 3
+    assert len([c for c in tool_server.calls if c[0] == "/refuse"]) == 2
