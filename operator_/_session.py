@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from heddle.exceptions import HeddleError, WorkerRejectedError, WorkerUnavailableError
 from heddle.scheduler import (
+    SAMPLING_LIMITS,
     ClusterView,
     EngineInstance,
     FinishedTrajectory,
@@ -370,9 +371,8 @@ class RolloutSession:
             "logprobs": self.sampling.logprobs,
         }
         if self.sampling.seed is not None:
-            sampling["seed"] = (
-                self.sampling.seed + 1009 * run.task_index + run.sample * 7 + traj.turns
-            )
+            derived = self.sampling.seed + 1009 * run.task_index + run.sample * 7 + traj.turns
+            sampling["seed"] = derived % (SAMPLING_LIMITS.seed_max + 1)  # stays a valid seed
         while True:
             if run.moving is not None:
                 await asyncio.shield(run.moving)
