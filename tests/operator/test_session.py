@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from heddle.exceptions import HeddleError
 from heddle.operator._client import WorkerEndpoint
 from heddle.operator._environments import Environment, SyntheticEnvironment, synthetic_tasks
 from heddle.operator._local import LocalPool
@@ -240,3 +244,82 @@ def test_tool_failure_can_fail_the_trajectory(
     assert result.progress.failed == 6
     assert len([c for c in tool_server.calls if c[0] == "/garbage"]) == 2 * 3
     assert len([c for c in tool_server.calls if c[0] == "/refuse"]) == 2
+
+
+def _generate_requests(workers: list[WorkerEndpoint], status: int) -> int:
+    """Generate requests the workers answered with ``status``, from their own /metrics."""
+    route = 'route="POST /v1/trajectories/{trajectory_id}/generate"'
+    total = 0.0
+    for w in workers:
+        for line in httpx.get(f"{w.url}/metrics", timeout=5).text.splitlines():
+            ours = line.startswith("heddle_worker_requests_total{") and route in line
+            if ours and f'status="{status}"' in line:
+                total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+def test_rejected_step_fails_its_trajectory_once_and_the_rest_go_on(
+    scripted_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    _, workers = scripted_pool
+    env = ToolsEnvironment(ToolsSpec())
+    bad = Task("bad", ({"role": "narrator", "content": "once upon a time"},))  # the worker: 422
+    tasks = [_tool_task("a", "fine"), bad, _tool_task("b", "also fine")]
+    out = tmp_path / "out.jsonl"
+    result = asyncio.run(_session(workers, out, tasks, env, 2).run())
+    records = read_records(out)
+    assert_exactly_once(records, _keys(tasks, 2))
+    for r in records:
+        if r["task_id"] == "bad":
+            assert r["status"] == "failed" and "422 invalid request" in r["error"], r["error"]
+            assert "role" in r["error"]
+        else:
+            assert r["status"] == "done"
+    assert result.progress.failed == 2
+    assert _generate_requests(workers, 422) == 2  # each rejected once, never sent again
+
+
+def test_job_whose_steps_are_all_rejected_stops_early_with_the_error(
+    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    _, workers = sim_pool
+    tasks, env = _synthetic(100, 1)
+    # Built directly, past the manifest's ranges: the workers refuse it (422) on every step.
+    sampling = SamplingSpec(temperature=-1.0, max_tokens_per_turn=256, max_total_tokens=3000)
+    config = dataclasses.replace(FAST, max_inflight_per_worker=2)
+    out = tmp_path / "out.jsonl"
+    session = _session(workers, out, tasks, env, 1, sampling=sampling, config=config)
+    with pytest.raises(HeddleError) as err:
+        asyncio.run(session.run())
+    message = str(err.value)
+    assert "the first 8 trajectories to finish were all rejected by the workers" in message
+    assert "422 invalid request: sampling.temperature" in message
+    records = read_records(out)
+    assert 8 <= len(records) <= 20, "it ground on instead of stopping"
+    assert all(r["status"] == "failed" and "422" in r["error"] for r in records)
+    assert len({(r["task_id"], r["sample"]) for r in records}) == len(records)
+    # No step was sent twice: at most the 4 in flight at the stop were answered but not recorded.
+    assert len(records) <= _generate_requests(workers, 422) <= len(records) + 4
+
+
+def test_step_failing_on_a_ready_worker_backs_off_then_fails_its_trajectory(
+    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    _, workers = sim_pool
+    tasks, env = _synthetic(2, 1)
+    # Every step outlasts its timeout while /readyz answers: the same step fails again and again.
+    config = dataclasses.replace(FAST, step_timeout_s=0.01, retry_backoff_s=0.2, max_step_retries=2)
+    out = tmp_path / "out.jsonl"
+    started = time.monotonic()
+    session = _session(workers, out, tasks, env, 1, config=config, deadline_s=30.0)
+    result = asyncio.run(session.run())
+    elapsed = time.monotonic() - started
+    records = read_records(out)
+    assert_exactly_once(records, _keys(tasks, 1))
+    for r in records:
+        assert r["status"] == "failed", r["status"]
+        assert "the step failed 3 times on workers that stayed ready" in r["error"]
+        assert "no answer in 0.01 s" in r["error"]
+    assert not result.deadline_hit and result.worker_failures == 0
+    assert elapsed >= 0.2 + 0.4  # waited between attempts: 0.2 s, then twice that
+    assert _generate_requests(workers, 200) <= 2 * 3  # no hot loop of attempts
