@@ -56,7 +56,7 @@ from ._progress import Progress, SessionMetrics, TokenRate
 from ._record import TrajectoryRun
 from ._tasks import Task
 
-__all__ = ["RolloutSession", "SessionConfig", "SessionResult"]
+__all__ = ["RolloutSession", "SessionConfig", "SessionResult", "step_seed"]
 
 log = logging.getLogger("heddle.session")
 
@@ -392,8 +392,7 @@ class RolloutSession:
             "logprobs": self.sampling.logprobs,
         }
         if self.sampling.seed is not None:
-            derived = self.sampling.seed + 1009 * run.task_index + run.sample * 7 + traj.turns
-            sampling["seed"] = derived % (SAMPLING_LIMITS.seed_max + 1)  # stays a valid seed
+            sampling["seed"] = step_seed(self.sampling.seed, run.task_index, run.sample, traj.turns)
         failures = 0  # of this step on workers that stayed ready
         delay = self.config.retry_backoff_s
         while True:
@@ -709,6 +708,11 @@ class RolloutSession:
         while True:
             self._publish(self.progress())
             await asyncio.sleep(self.config.progress_interval_s)
+
+
+def step_seed(seed: int, task_index: int, sample: int, turn: int) -> int:
+    """The seed of one step, derived from the job's; wrapped so it stays a valid seed."""
+    return (seed + 1009 * task_index + 7 * sample + turn) % (SAMPLING_LIMITS.seed_max + 1)
 
 
 def _retrieved(task: asyncio.Task[StepReply]) -> None:

@@ -19,10 +19,15 @@ from heddle.operator._manifests import SamplingSpec, ToolEndpointSpec, ToolsSpec
 from heddle.operator._output import OutputSink
 from heddle.operator._presets import load_workload
 from heddle.operator._run import perf_model_for  # noqa: F401 - keeps the public helper imported
-from heddle.operator._session import RolloutSession, SessionConfig, SessionResult
+from heddle.operator._session import (
+    RolloutSession,
+    SessionConfig,
+    SessionResult,
+    step_seed,
+)
 from heddle.operator._tasks import Task
 from heddle.operator._tools import ToolsEnvironment
-from heddle.scheduler import HARDWARE_PRESETS, MODEL_PRESETS, PerfModel
+from heddle.scheduler import HARDWARE_PRESETS, MODEL_PRESETS, SAMPLING_LIMITS, PerfModel
 
 from .conftest import ToolServer, assert_consistent, assert_exactly_once, read_records
 
@@ -323,3 +328,10 @@ def test_step_failing_on_a_ready_worker_backs_off_then_fails_its_trajectory(
     assert not result.deadline_hit and result.worker_failures == 0
     assert elapsed >= 0.2 + 0.4  # waited between attempts: 0.2 s, then twice that
     assert _generate_requests(workers, 200) <= 2 * 3  # no hot loop of attempts
+
+
+def test_step_seeds_derive_from_the_jobs_and_stay_valid() -> None:
+    assert step_seed(7, 2, 1, 3) == 7 + 2 * 1009 + 7 + 3
+    top = SAMPLING_LIMITS.seed_max  # the largest seed the manifest accepts
+    seeds = {step_seed(top, t, s, turn) for t in range(50) for s in range(4) for turn in range(3)}
+    assert len(seeds) == 50 * 4 * 3 and all(0 <= x <= top for x in seeds)
