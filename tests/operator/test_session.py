@@ -326,7 +326,7 @@ def test_step_failing_on_a_ready_worker_backs_off_then_fails_its_trajectory(
         assert r["status"] == "failed", r["status"]
         assert "the step failed 3 times on workers that stayed ready" in r["error"]
         assert "no answer in 0.01 s" in r["error"]
-    assert not result.deadline_hit and result.worker_failures == 0
+    assert not result.deadline_hit
     assert elapsed >= 0.2 + 0.4  # waited between attempts: 0.2 s, then twice that
     assert _generate_requests(workers, 200) <= 2 * 3  # no hot loop of attempts
 
