@@ -11,6 +11,7 @@ __all__ = [
     "HeddleError",
     "InfeasibleError",
     "ManifestError",
+    "StepFailedError",
     "TaskError",
     "ToolError",
     "WorkerError",
@@ -68,6 +69,10 @@ class WorkerUnavailableError(WorkerError):
 
 class WorkerRejectedError(WorkerError):
     """The worker refused the request itself (4xx); sending it elsewhere would not help."""
+
+
+class StepFailedError(WorkerError):
+    """One step kept failing on workers that stayed ready; its retries are spent."""
 
 
 class ToolError(HeddleError):

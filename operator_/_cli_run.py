@@ -171,6 +171,7 @@ def add_run_parser(sub: Any) -> None:
 
 
 def _cmd_operator(args: argparse.Namespace) -> int:
+    from ._hosts import HostAllowList  # noqa: PLC0415
     from ._operator import OperatorConfig, run_operator  # noqa: PLC0415
 
     level = os.environ.get("HEDDLE_LOG_LEVEL", "INFO").upper()
@@ -182,6 +183,11 @@ def _cmd_operator(args: argparse.Namespace) -> int:
         liveness_endpoint=args.liveness,
         drain_timeout_s=args.drain_timeout,
         scan_cluster=not args.no_scan,
+        tool_hosts=(
+            HostAllowList.parse(args.tool_allowed_hosts, "--tool-allowed-hosts")
+            if args.tool_allowed_hosts is not None
+            else HostAllowList.from_env()
+        ),
     )
     asyncio.run(run_operator(config))
     return 0
@@ -209,6 +215,13 @@ def add_operator_parser(sub: Any) -> None:
         type=float,
         default=600.0,
         help="seconds a draining instance may keep trajectories before it is deleted anyway",
+    )
+    p.add_argument(
+        "--tool-allowed-hosts",
+        default=None,
+        metavar="LIST",
+        help="hosts, *.suffixes and CIDRs tool calls may reach, comma-separated "
+        "(default: $HEDDLE_TOOL_ALLOWED_HOSTS; unset: any)",
     )
     p.add_argument("--api-server", default=None, help="API server URL without auth (tests)")
     p.add_argument(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,12 +59,16 @@ class Fields:
             raise ManifestError(f"{self.where(key)}={value!r}; choose one of {list(choices)}")
         return value
 
-    def integer(self, key: str, default: int | None = None, *, minimum: int = 0) -> int:
+    def integer(
+        self, key: str, default: int | None = None, *, minimum: int = 0, maximum: int | None = None
+    ) -> int:
         value = self.raw(key, default)
         if value is None:
             raise ManifestError(f"{self.where(key)} is required")
         if isinstance(value, bool) or not isinstance(value, int):
             raise ManifestError(f"{self.where(key)}={value!r} must be an integer")
+        if maximum is not None and not minimum <= value <= maximum:
+            raise ManifestError(f"{self.where(key)}={value} must be in [{minimum}, {maximum}]")
         if value < minimum:
             raise ManifestError(f"{self.where(key)}={value} must be >= {minimum}")
         return value
@@ -82,12 +87,15 @@ class Fields:
             raise ManifestError(f"{self.where(key)} is required")
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ManifestError(f"{self.where(key)}={value!r} must be a number")
+        if not math.isfinite(value):  # YAML's .inf and .nan parse as floats
+            raise ManifestError(f"{self.where(key)}={value} must be a finite number")
         low_ok = value > minimum if exclusive_minimum else value >= minimum
+        if maximum is not None and not (low_ok and value <= maximum):
+            low = f"({minimum:g}" if exclusive_minimum else f"[{minimum:g}"
+            raise ManifestError(f"{self.where(key)}={value} must be in {low}, {maximum:g}]")
         if not low_ok:
             sign = ">" if exclusive_minimum else ">="
             raise ManifestError(f"{self.where(key)}={value} must be {sign} {minimum}")
-        if maximum is not None and value > maximum:
-            raise ManifestError(f"{self.where(key)}={value} must be <= {maximum}")
         return float(value)
 
     def boolean(self, key: str, default: bool) -> bool:

@@ -23,6 +23,7 @@ from heddle.exceptions import HeddleError, ManifestError
 from ._builders import condition, merge_conditions, now_iso
 from ._client import WorkerEndpoint
 from ._environments import synthetic_tasks
+from ._hosts import HostAllowList, check_tool_hosts
 from ._kube import CONFIGMAPS, ENGINEPOOLS, ROLLOUTJOBS, KubeClient
 from ._manifests import EnginePoolSpec, RolloutJobSpec
 from ._output import OutputSink
@@ -49,6 +50,7 @@ class JobContext:
     session_config: SessionConfig
     status_interval_s: float = 1.0
     poll_s: float = 1.0
+    tool_hosts: HostAllowList | None = None  # where tool calls may go; None: anywhere
 
 
 class _Status:
@@ -165,6 +167,7 @@ async def run_job(
         return
     try:
         job = RolloutJobSpec.from_manifest(body)
+        check_tool_hosts(job, ctx.tool_hosts)
     except ManifestError as exc:
         await status.write("Failed", [condition("Valid", False, "InvalidSpec", str(exc))])
         return

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from heddle.exceptions import ConfigError, ManifestError
-from heddle.scheduler import POLICIES, PoolShape, check_tp_sizes
+from heddle.scheduler import POLICIES, SAMPLING_LIMITS, PoolShape, check_tp_sizes
 
 from ._fields import Fields
 
@@ -141,6 +141,38 @@ class SamplingSpec:
     seed: int | None = None  # per-trajectory seeds derive from it when set
 
 
+def _sampling(s: Fields) -> SamplingSpec:
+    """Sampling within the engine's ranges: out of them, vLLM fails every step (issue 11)."""
+    lim = SAMPLING_LIMITS
+    sampling = SamplingSpec(
+        temperature=s.number(
+            "temperature", 1.0, minimum=lim.temperature_min, maximum=lim.temperature_max
+        ),
+        top_p=s.number(
+            "topP",
+            1.0,
+            minimum=lim.top_p_exclusive_min,
+            maximum=lim.top_p_max,
+            exclusive_minimum=True,
+        ),
+        max_tokens_per_turn=s.integer("maxTokensPerTurn", 1024, minimum=lim.max_tokens_min),
+        max_total_tokens=s.integer("maxTotalTokens", 8192, minimum=lim.max_tokens_min),
+        logprobs=s.boolean("logprobs", False),
+        seed=(
+            s.integer("seed", minimum=lim.seed_min, maximum=lim.seed_max)
+            if s.has("seed")
+            else s.raw("seed")
+        ),
+    )
+    s.done()
+    if sampling.max_tokens_per_turn > sampling.max_total_tokens:
+        raise ManifestError(
+            f"{s.where('maxTokensPerTurn')}={sampling.max_tokens_per_turn} must be <= "
+            f"maxTotalTokens={sampling.max_total_tokens}; lower it or raise maxTotalTokens"
+        )
+    return sampling
+
+
 @dataclass(frozen=True)
 class ToolEndpointSpec:
     """An HTTP tool: POST ``url`` with ``{"name", "arguments", "trajectory_id"}``."""
@@ -250,16 +282,7 @@ class RolloutJobSpec:
         f = Fields(doc.get("spec"), f"RolloutJob {name!r} spec")
         environment = _environment(f.sub("environment"))
         tasks = _tasks(f.sub("tasks"), environment)
-        s = f.sub("sampling")
-        sampling = SamplingSpec(
-            temperature=s.number("temperature", 1.0),
-            top_p=s.number("topP", 1.0, maximum=1.0, exclusive_minimum=True),
-            max_tokens_per_turn=s.integer("maxTokensPerTurn", 1024, minimum=1),
-            max_total_tokens=s.integer("maxTotalTokens", 8192, minimum=1),
-            logprobs=s.boolean("logprobs", False),
-            seed=s.integer("seed") if s.has("seed") else s.raw("seed"),
-        )
-        s.done()
+        sampling = _sampling(f.sub("sampling"))
         g = f.sub("scheduling")
         policy = g.string("policy", "heddle")
         if policy not in POLICIES or policy == "heddle-oracle":

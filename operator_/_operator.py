@@ -18,6 +18,7 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
+from ._hosts import HostAllowList
 from ._jobs import JobContext, run_job
 from ._kube import KubeClient
 from ._pools import PoolRuntime, reconcile_pool
@@ -43,6 +44,7 @@ class OperatorConfig:
     liveness_endpoint: str | None = None  # e.g. http://0.0.0.0:8080/healthz (kopf's probe)
     scan_cluster: bool = True  # let kopf watch namespaces and CRDs appear (needs list RBAC)
     session: SessionConfig = field(default_factory=SessionConfig)
+    tool_hosts: HostAllowList | None = None  # where tool calls may go; None: anywhere
 
 
 @dataclass
@@ -150,6 +152,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
             state.metrics,
             config.session,
             status_interval_s=config.status_interval_s,
+            tool_hosts=config.tool_hosts,
         )
         await run_job(ctx, body, lambda: bool(stopped), stopped.wait)
         # A finished job's daemon idles until the job goes, so kopf does not restart it.

@@ -32,6 +32,7 @@ from heddle.scheduler import (
 )
 
 from ._environments import Environment, SyntheticEnvironment, synthetic_tasks
+from ._hosts import HostAllowList, check_tool_hosts
 from ._local import LocalPool, LocalWorkerOptions
 from ._manifests import EnginePoolSpec, RolloutJobSpec, load_manifests
 from ._output import OutputSink
@@ -91,6 +92,7 @@ def prepare_job(
     """Parse and resolve everything a local run needs; no processes start here."""
     docs = load_manifests(job_path)
     job = RolloutJobSpec.from_manifest(_pick(docs, "RolloutJob", job_name, str(job_path)))
+    check_tool_hosts(job, HostAllowList.from_env())
     pool_docs = load_manifests(pool_path) if pool_path is not None else docs
     pool = EnginePoolSpec.from_manifest(
         _pick(pool_docs, "EnginePool", job.engine_pool, str(pool_path or job_path))

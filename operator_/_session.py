@@ -7,7 +7,11 @@ does not hold the context gets it by import (recompute from the session's
 token history). Every ``replan_interval_s`` the placement plan is redone and
 trajectories in tool calls migrate (import with ``warm`` on the receiver).
 A worker that fails is marked down; its trajectories recompute elsewhere and
-a health loop brings it back once ``/readyz`` answers. Finished trajectories
+a health loop brings it back once ``/readyz`` answers. Every retry of a step
+backs off (doubling); a step that keeps failing on ready workers fails its
+trajectory, and so does a step the worker rejects (4xx: the request is at
+fault). When the first finishes are all such rejections, the session stops
+with the error instead of grinding through the rest. Finished trajectories
 go to the output sink at once; a restarted session skips them.
 """
 
@@ -20,8 +24,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from heddle.exceptions import HeddleError, WorkerRejectedError, WorkerUnavailableError
+from heddle.exceptions import (
+    HeddleError,
+    StepFailedError,
+    WorkerRejectedError,
+    WorkerUnavailableError,
+)
 from heddle.scheduler import (
+    SAMPLING_LIMITS,
     ClusterView,
     EngineInstance,
     FinishedTrajectory,
@@ -46,7 +56,7 @@ from ._progress import Progress, SessionMetrics, TokenRate
 from ._record import TrajectoryRun
 from ._tasks import Task
 
-__all__ = ["RolloutSession", "SessionConfig", "SessionResult"]
+__all__ = ["RolloutSession", "SessionConfig", "SessionResult", "step_seed"]
 
 log = logging.getLogger("heddle.session")
 
@@ -62,6 +72,10 @@ class SessionConfig:
     no_worker_timeout_s: float = 300.0  # give up when no worker is live for this long
     progress_interval_s: float = 1.0  # how often on_progress is called
     max_inflight_per_worker: int = 128  # requests in flight per worker; the rest queue here
+    retry_backoff_s: float = 0.1  # first wait before a failed step is sent again; doubles
+    retry_backoff_max_s: float = 10.0  # the longest wait between two attempts of one step
+    max_step_retries: int = 8  # failures of one step on workers that stay ready, then it fails
+    fail_fast_after: int = 8  # the first N finishes all rejected alike (4xx) stop the session
 
 
 @dataclass
@@ -152,6 +166,10 @@ class RolloutSession:
         self._last_priority: dict[str, int] = {}
         self._worker_failures = 0
         self._failures: list[str] = []
+        # Worker rejections (4xx) of the first finishes, while nothing else has finished.
+        self._rejected_streak: list[WorkerRejectedError] | None = []
+        self._give_up = asyncio.Event()
+        self._give_up_reason: HeddleError | None = None
         self._started = 0.0
         self._worker_seen = 0.0
 
@@ -230,6 +248,7 @@ class RolloutSession:
         helpers = [
             asyncio.create_task(self._health_loop(), name="health"),
             asyncio.create_task(self._progress_loop(), name="progress"),
+            asyncio.create_task(self._give_up_watch(), name="give-up"),
         ]
         if self.policy.migration != "none" or self.policy.placement == "presorted-dp":
             helpers.append(asyncio.create_task(self._replan_loop(), name="replan"))
@@ -331,6 +350,9 @@ class RolloutSession:
             except WorkerRejectedError as exc:
                 if exc.status == 400 and "max length" in str(exc):
                     return self._finish(run, "truncated", "context_length", str(exc))
+                # The request itself is at fault: sending it again would fail again.
+                return self._finish(run, "failed", "failed", str(exc), rejected=exc)
+            except StepFailedError as exc:
                 return self._finish(run, "failed", "failed", str(exc))
             run.apply(worker, reply, self.sampling.logprobs)
             self._steps += 1
@@ -380,15 +402,16 @@ class RolloutSession:
             "logprobs": self.sampling.logprobs,
         }
         if self.sampling.seed is not None:
-            sampling["seed"] = (
-                self.sampling.seed + 1009 * run.task_index + run.sample * 7 + traj.turns
-            )
+            sampling["seed"] = step_seed(self.sampling.seed, run.task_index, run.sample, traj.turns)
+        failures = 0  # of this step on workers that stayed ready
+        delay = self.config.retry_backoff_s
         while True:
             if run.moving is not None:
                 await asyncio.shield(run.moving)
             name = await self._route(run)
             self._load[name] += 1
             step = asyncio.create_task(self._attempt(run, name, sampling))
+            step.add_done_callback(_retrieved)
             self._inflight[name].add(step)
             try:
                 await asyncio.wait({step})
@@ -405,20 +428,28 @@ class RolloutSession:
                 run.resident = None  # the worker may hold half a step: rebuild the context
                 run.retries += 1
                 if not step.cancelled() and await self._probes[name].ready(timeout=5.0):
+                    failures += 1  # the worker is fine: the request may be what fails
+                    if failures > self.config.max_step_retries:
+                        raise StepFailedError(
+                            name,
+                            f"the step failed {failures} times on workers that stayed ready; "
+                            f"last: {exc}",
+                            exc.status,
+                        ) from exc
                     log.info(
                         "%s: step of %s on %s failed (%s); retrying", self.job, traj.id, name, exc
                     )
-                    await asyncio.sleep(min(2.0, 0.05 * run.retries))
-                    continue  # a dropped connection, not a dead worker
-                self._mark_down(name, str(exc))
+                else:
+                    self._mark_down(name, str(exc))
             except WorkerRejectedError as exc:
                 run.resident = None
-                if exc.status == 404:
-                    continue  # the worker lost the context (restarted): recompute
-                if exc.status == 409:
-                    await asyncio.sleep(0.5)  # an abandoned step still runs there
-                    continue
-                raise
+                # 404: the worker lost the context (restarted): recompute. 409: an abandoned
+                # step still runs there. Anything else is the request's fault: no retry.
+                if exc.status not in (404, 409):
+                    raise
+            # Every retry waits, doubling per attempt of this step: nothing loops hot.
+            await asyncio.sleep(delay)
+            delay = min(self.config.retry_backoff_max_s, delay * 2)
 
     async def _attempt(
         self, run: TrajectoryRun, name: str, sampling: Mapping[str, object]
@@ -490,9 +521,16 @@ class RolloutSession:
             self.predictor.update(run.traj)
 
     def _finish(
-        self, run: TrajectoryRun, status: str, reason: str, error: str | None = None
+        self,
+        run: TrajectoryRun,
+        status: str,
+        reason: str,
+        error: str | None = None,
+        *,
+        rejected: WorkerRejectedError | None = None,
     ) -> None:
         run.status, run.finish_reason, run.error = status, reason, error
+        self._note_finish(rejected)
         run.finished_at = time.time()
         run.traj.state = TrajectoryState.FAILED if status == "failed" else TrajectoryState.DONE
         run.traj.predicted_remaining_tokens = 0.0
@@ -504,6 +542,29 @@ class RolloutSession:
         if run.resident is not None:
             self._release_later(run.resident, run.traj.id)
             run.resident = None
+
+    def _note_finish(self, rejected: WorkerRejectedError | None) -> None:
+        """Give up when the first finishes were all rejected alike: the rest would be too."""
+        streak = self._rejected_streak
+        if streak is None:
+            return
+        if rejected is None or (streak and streak[0].status != rejected.status):
+            self._rejected_streak = None  # something else finished: the job can work
+            return
+        streak.append(rejected)
+        unfinished = any(r.status == "running" for r in self.runs.values())
+        if len(streak) >= self.config.fail_fast_after and unfinished and not self._give_up.is_set():
+            self._give_up_reason = HeddleError(
+                f"job {self.job}: the first {len(streak)} trajectories to finish were all "
+                f"rejected by the workers ({streak[0]}), so the rest would be too; fix the "
+                "job and run it again (what finished stays in the output)"
+            )
+            self._give_up.set()
+
+    async def _give_up_watch(self) -> None:
+        await self._give_up.wait()
+        assert self._give_up_reason is not None
+        raise self._give_up_reason
 
     def _write(self, run: TrajectoryRun) -> None:
         if self.sink.write(
@@ -663,3 +724,14 @@ class RolloutSession:
         while True:
             self._publish(self.progress())
             await asyncio.sleep(self.config.progress_interval_s)
+
+
+def step_seed(seed: int, task_index: int, sample: int, turn: int) -> int:
+    """The seed of one step, derived from the job's; wrapped so it stays a valid seed."""
+    return (seed + 1009 * task_index + 7 * sample + turn) % (SAMPLING_LIMITS.seed_max + 1)
+
+
+def _retrieved(task: asyncio.Task[StepReply]) -> None:
+    """Mark a step's outcome as seen: one whose trajectory was cancelled meanwhile is not wanted."""
+    if not task.cancelled():
+        task.exception()

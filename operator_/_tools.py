@@ -2,11 +2,14 @@
 
 Tool protocol (docs/rollouts.md): ``POST <url>`` with JSON
 ``{"name": ..., "arguments": {...}, "trajectory_id": ...}``; the tool answers
-200 with ``{"content": "<text for the model>"}``. Timeouts, connection errors,
-5xx and replies of any other form are retried with backoff; a 4xx is the
-model's fault (bad arguments) and goes back to it at once. When retries run
-out, ``onError: message`` tells the model in a tool message and
-``onError: fail`` ends the trajectory as failed with the reason.
+200 with ``{"content": "<text for the model>"}``. Each attempt has one
+deadline, ``timeoutSeconds`` from connect to the last byte, and its reply is
+streamed and refused past :data:`MAX_REPLY_BYTES` without reading the rest.
+Timeouts, broken connections, 5xx and replies of any other form are retried
+with backoff; a 4xx (bad arguments), a redirect (not followed) or an
+oversized reply is not. A call that fails in the end (or names an unknown
+tool) goes back to the model as a tool message under ``onError: message``;
+under ``onError: fail`` it ends the trajectory as failed with the reason.
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ from ._environments import Environment, Episode, Outcome
 from ._manifests import ToolEndpointSpec, ToolsSpec
 from ._tasks import Task
 
-__all__ = ["HermesParser", "ToolCall", "ToolCallParser", "ToolsEnvironment", "get_parser"]
+__all__ = [
+    "MAX_REPLY_BYTES",
+    "HermesParser",
+    "ToolCall",
+    "ToolCallParser",
+    "ToolsEnvironment",
+    "get_parser",
+]
 
 
 @dataclass(frozen=True)
@@ -90,12 +100,20 @@ def get_parser(name: str) -> ToolCallParser:
         ) from None
 
 
+MAX_REPLY_BYTES = 1 << 20  # a tool reply's HTTP body at most; a longer one is refused unread
+
+
 class _RetryableError(Exception):
     pass
 
 
 async def call_tool(
-    client: httpx.AsyncClient, endpoint: ToolEndpointSpec, call: ToolCall, trajectory_id: str
+    client: httpx.AsyncClient,
+    endpoint: ToolEndpointSpec,
+    call: ToolCall,
+    trajectory_id: str,
+    *,
+    max_reply_bytes: int = MAX_REPLY_BYTES,
 ) -> str:
     """The tool's reply content; raises :class:`ToolError` once retries are spent."""
     body = {"name": call.name, "arguments": dict(call.arguments), "trajectory_id": trajectory_id}
@@ -104,34 +122,90 @@ async def call_tool(
         if attempt:
             await asyncio.sleep(min(5.0, 0.2 * 2 ** (attempt - 1)))
         try:
-            return await _attempt(client, endpoint, body)
+            return await _attempt(client, endpoint, body, max_reply_bytes)
         except _RetryableError as exc:
             last = str(exc)
     raise ToolError(f"tool {call.name!r} failed after {endpoint.retries + 1} attempts: {last}")
 
 
 async def _attempt(
-    client: httpx.AsyncClient, endpoint: ToolEndpointSpec, body: dict[str, Any]
+    client: httpx.AsyncClient, endpoint: ToolEndpointSpec, body: dict[str, Any], cap: int
 ) -> str:
+    name = body["name"]
     try:
-        reply = await client.post(endpoint.url, json=body, timeout=endpoint.timeout_s)
-    except httpx.TimeoutException:
-        raise _RetryableError(f"no answer within {endpoint.timeout_s:g} s") from None
+        # httpx's timeout bounds each read; the whole exchange needs a deadline of its own.
+        async with asyncio.timeout(endpoint.timeout_s):
+            async with client.stream(
+                "POST",
+                endpoint.url,
+                json=body,
+                timeout=endpoint.timeout_s,
+                headers={"Accept-Encoding": "identity"},  # the cap counts what is held
+            ) as reply:
+                status = reply.status_code
+                if 300 <= status < 400:
+                    raise ToolError(
+                        f"tool {name!r} answered with a redirect ({status}), which is not "
+                        "followed; set the endpoint's url to the address that answers"
+                    )
+                raw = await _read_capped(reply, name, cap)
+    except (TimeoutError, httpx.TimeoutException):
+        raise _RetryableError(
+            f"no complete answer within {endpoint.timeout_s:g} s (timeoutSeconds)"
+        ) from None
     except httpx.HTTPError as exc:
-        raise _RetryableError(f"{type(exc).__name__}: {exc}") from None
-    if 400 <= reply.status_code < 500:
-        raise ToolError(
-            f"tool {body['name']!r} refused the call ({reply.status_code}): {reply.text[:300]}"
-        )
-    if reply.status_code >= 500:
-        raise _RetryableError(f"status {reply.status_code}: {reply.text[:200]}")
+        raise _RetryableError(_transport_cause(exc)) from None
+    text = raw.decode("utf-8", errors="replace")
+    if 400 <= status < 500:
+        raise ToolError(f"tool {name!r} refused the call ({status}): {text[:300]}")
+    if status >= 500 or status < 200:
+        raise _RetryableError(f"status {status}: {text[:200]}")
     try:
-        data = reply.json()
+        data = json.loads(raw)
     except ValueError:
         data = None
     if not isinstance(data, dict) or not isinstance(data.get("content"), str):
-        raise _RetryableError(f'reply is not JSON {{"content": string}}: {reply.text[:200]!r}')
+        raise _RetryableError(f'reply is not JSON {{"content": string}}: {text[:200]!r}')
     return str(data["content"])
+
+
+async def _read_capped(reply: httpx.Response, name: str, cap: int) -> bytes:
+    """The body, refused (unread) once it passes ``cap`` bytes."""
+    too_large = ToolError(
+        f"tool {name!r} replied with more than {cap} bytes, the cap on a tool reply; "
+        "the rest was not read"
+    )
+    declared = reply.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in reply.aiter_bytes():
+        size += len(chunk)
+        if size > cap:
+            raise too_large  # leaving the stream closes the connection mid-body
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _transport_cause(exc: httpx.HTTPError) -> str:
+    """A sentence naming why the exchange broke (never the URL: it may go to the model)."""
+    causes: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(causes) < 8:
+        causes.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    if any(isinstance(c, ConnectionResetError) for c in causes):
+        return "the tool server reset the connection"
+    if any(isinstance(c, ConnectionRefusedError) for c in causes):
+        return "the tool server refused the connection (nothing listens at that address)"
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return "the tool server closed the connection before a complete reply"
+    if isinstance(exc, httpx.ConnectError):
+        return "cannot connect to the tool server (unknown host or unreachable)"
+    if isinstance(exc, httpx.ReadError | httpx.WriteError):
+        return "the connection to the tool server broke mid-call"
+    return f"the call failed below HTTP ({type(exc).__name__})"
 
 
 @dataclass
@@ -178,7 +252,9 @@ class ToolsEnvironment(Environment):
         self.parser = get_parser(spec.parser)
         self.endpoints = {e.name: e for e in spec.endpoints}
         self.expected_tool_s = expected_tool_s
-        self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=256))
+        self._client = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=256), follow_redirects=False
+        )
 
     def episode(self, task: Task, task_index: int, sample: int, trajectory_id: str) -> Episode:
         return _ToolsEpisode(

@@ -18,6 +18,7 @@ This package imports only the standard library, numpy and :mod:`heddle.exception
 from ._cluster import ClusterSpec
 from ._dp import Items, aggregate, group_cost, solve_contiguous
 from ._evaluation import PredictorQuality, evaluate_predictor, history_of
+from ._limits import SAMPLING_LIMITS, SamplingLimits
 from ._migration import MigrationConfig, MigrationPlanner, Move, NoMigration, ToolWindowMigration
 from ._ordering import (
     FCFSOrdering,
@@ -83,6 +84,7 @@ __all__ = [
     "HARDWARE_PRESETS",
     "MODEL_PRESETS",
     "POLICIES",
+    "SAMPLING_LIMITS",
     "AnnealingShapePlanner",
     "BenchWorkload",
     "ClusterSpec",
@@ -114,6 +116,7 @@ __all__ = [
     "ProgressPredictor",
     "ProgressivePriority",
     "RoundRobinPlacement",
+    "SamplingLimits",
     "SchedulingPolicy",
     "ShapeConfig",
     "ShapePlan",

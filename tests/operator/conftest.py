@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -30,6 +32,7 @@ class ToolServer:
     url: str
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     flaky_failures: int = 2  # /flaky answers 500 this many times per trajectory first
+    sent: dict[str, int] = field(default_factory=dict)  # body bytes written, by path
 
 
 def _handler(server: ToolServer) -> type[BaseHTTPRequestHandler]:
@@ -63,6 +66,27 @@ def _handler(server: ToolServer) -> type[BaseHTTPRequestHandler]:
                 self._send(200, b'{"content": "too late"}')
             elif self.path == "/refuse":
                 self._send(400, b'{"error": "argument x must be a number"}')
+            elif self.path == "/trickle":  # a valid reply, one byte every 0.5 s
+                reply = b'{"content": "drip"}'
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                for i in range(len(reply)):
+                    self.wfile.write(reply[i : i + 1])
+                    self.wfile.flush()
+                    time.sleep(0.5)
+            elif self.path in ("/huge", "/huge-unsized"):  # a valid 20 MB reply
+                self._huge(sized=self.path == "/huge")
+            elif self.path == "/redirect":
+                self.send_response(302)
+                self.send_header("Location", "/ok")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            elif self.path == "/reset":  # read the call, then drop the connection with a RST
+                self.connection.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                )
+                self.connection.close()
             elif self.path == "/flaky":
                 key = body["trajectory_id"]
                 with lock:
@@ -75,12 +99,31 @@ def _handler(server: ToolServer) -> type[BaseHTTPRequestHandler]:
             else:
                 self._send(404, b'{"error": "no such tool"}')
 
+        def _huge(self, *, sized: bool) -> None:
+            size = 20 * 1024 * 1024
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            if sized:
+                self.send_header("Content-Length", str(size + 15))
+            self.end_headers()
+            block = b"x" * 65536
+            try:
+                self.wfile.write(b'{"content": "')
+                for _ in range(size // len(block)):
+                    self.wfile.write(block)
+                    with lock:
+                        server.sent[self.path] = server.sent.get(self.path, 0) + len(block)
+                self.wfile.write(b'"}')
+            except OSError:  # the client hung up: what the cap should do
+                pass
+            self.close_connection = True
+
     return Handler
 
 
 @pytest.fixture
 def tool_server() -> Iterator[ToolServer]:
-    """A real HTTP tool server on a loopback port (paths: ok, garbage, slow, refuse, flaky)."""
+    """A real HTTP tool server on a loopback port (paths: see ``_handler``)."""
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
     server = ToolServer(f"http://127.0.0.1:{httpd.server_address[1]}")
     httpd.RequestHandlerClass = _handler(server)

@@ -183,3 +183,13 @@ def test_bench_rollout_refuses_an_unknown_policy(tmp_path: Path) -> None:
     result = run("bench", "--policies", "heddle,verl3", "--out", str(tmp_path))
     assert result.returncode == 2
     assert "unknown scheduling policy 'verl3'; choose one of" in result.stderr
+
+
+def test_bad_tool_allow_list_stops_the_operator_with_a_sentence() -> None:
+    result = run("operator", "--tool-allowed-hosts", "sandbox.rl.svc,http://10.0.0.1/x")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "heddle: error: --tool-allowed-hosts entry 'http://10.0.0.1/x' is neither a host name "
+        "nor an IP network; give names (sandbox.rl.svc, *.tools.svc) or CIDRs (10.0.0.0/8), "
+        "comma-separated"
+    )

@@ -11,7 +11,7 @@ import yaml
 
 from heddle.exceptions import ManifestError
 from heddle.operator._manifests import EnginePoolSpec, RolloutJobSpec, load_manifests
-from heddle.scheduler import PoolShape
+from heddle.scheduler import SAMPLING_LIMITS, PoolShape
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,7 +67,7 @@ def test_pinned_shape_is_parsed() -> None:
         ("spec.shape", [{"tp": 4, "replicas": 5}], "uses 20 GPUs but spec.gpus=16"),
         ("spec.shape", [{"tp": 3}], "spec.shape[0].tp=3 is not in tensorParallelSizes"),
         ("spec.tensorParallelSizes", [3], "tensorParallelSizes"),
-        ("spec.vllm.gpuMemoryUtilization", 1.5, "gpuMemoryUtilization=1.5 must be <= 1.0"),
+        ("spec.vllm.gpuMemoryUtilization", 1.5, "gpuMemoryUtilization=1.5 must be in (0, 1]"),
         ("spec.replicas", 3, "unknown field(s) ['replicas']"),
     ],
 )
@@ -89,7 +89,25 @@ def test_job_defaults() -> None:
     [
         ("spec.scheduling.policy", "fastest", "policy='fastest'; choose one of"),
         ("spec.scheduling.policy", "heddle-oracle", "choose one of"),
-        ("spec.sampling.topP", 0, "topP=0 must be > 0.0"),
+        ("spec.sampling.topP", 0, "spec.sampling.topP=0 must be in (0, 1]"),
+        ("spec.sampling.topP", 1.5, "spec.sampling.topP=1.5 must be in (0, 1]"),
+        ("spec.sampling.temperature", 2.5, "spec.sampling.temperature=2.5 must be in [0, 2]"),
+        ("spec.sampling.temperature", -0.1, "spec.sampling.temperature=-0.1 must be in [0, 2]"),
+        ("spec.sampling.temperature", float("inf"), "temperature=inf must be a finite number"),
+        ("spec.sampling.temperature", float("nan"), "temperature=nan must be a finite number"),
+        ("spec.sampling.maxTokensPerTurn", 0, "spec.sampling.maxTokensPerTurn=0 must be >= 1"),
+        (
+            "spec.sampling.maxTokensPerTurn",
+            9000,
+            "spec.sampling.maxTokensPerTurn=9000 must be <= maxTotalTokens=8192",
+        ),
+        (
+            "spec.sampling.seed",
+            2**64,
+            "spec.sampling.seed=18446744073709551616 must be in [0, 9223372036854775807]",
+        ),
+        ("spec.sampling.seed", -1, "spec.sampling.seed=-1 must be in [0, 9223372036854775807]"),
+        ("spec.sampling.seed", 1.5, "spec.sampling.seed=1.5 must be an integer"),
         ("spec.samplesPerTask", 0, "samplesPerTask=0 must be >= 1"),
         ("spec.tasks", {}, "give tasks"),
         ("spec.tasks", {"path": "a", "inline": [{}]}, "not ['inline', 'path']"),
@@ -109,6 +127,48 @@ def test_bad_job_fields_are_named(path: str, value: Any, message: str) -> None:
         RolloutJobSpec.from_manifest(_with(JOB, path, value))
     assert message in str(err.value)
     assert "RolloutJob 'j' spec" in str(err.value) or "RolloutJob" in str(err.value)
+
+
+def test_sampling_at_its_limits_is_accepted() -> None:
+    sampling = {"temperature": 2, "topP": 1, "maxTokensPerTurn": 64, "maxTotalTokens": 64}
+    job = RolloutJobSpec.from_manifest(_with(JOB, "spec.sampling", {**sampling, "seed": 2**63 - 1}))
+    assert (job.sampling.temperature, job.sampling.seed) == (2.0, 2**63 - 1)
+
+
+def _crd_sampling() -> dict[str, Any]:
+    crd = yaml.safe_load((ROOT / "crds" / "rolloutjobs.heddle.dev.yaml").read_text())
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return dict(schema["properties"]["spec"]["properties"]["sampling"]["properties"])
+
+
+def test_crd_sampling_ranges_are_the_parsers() -> None:
+    crd, lim = _crd_sampling(), SAMPLING_LIMITS
+    assert (crd["temperature"]["minimum"], crd["temperature"]["maximum"]) == (
+        lim.temperature_min,
+        lim.temperature_max,
+    )
+    assert crd["topP"]["exclusiveMinimum"] is True
+    assert (crd["topP"]["minimum"], crd["topP"]["maximum"]) == (
+        lim.top_p_exclusive_min,
+        lim.top_p_max,
+    )
+    for key in ("maxTokensPerTurn", "maxTotalTokens"):
+        assert crd[key]["minimum"] == lim.max_tokens_min, key
+    assert (crd["seed"]["minimum"], crd["seed"]["maximum"]) == (lim.seed_min, lim.seed_max)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("temperature", 2.5), ("temperature", -1), ("topP", 0), ("seed", 2**64), ("seed", -1)],
+)
+def test_crd_schema_rejects_sampling_out_of_range(key: str, value: Any) -> None:
+    import jsonschema
+
+    from ._cluster import validate
+
+    with pytest.raises(jsonschema.ValidationError):
+        validate("rolloutjobs", _with(JOB, f"spec.sampling.{key}", value))
+    validate("rolloutjobs", JOB)  # the same job in range passes
 
 
 def test_synthetic_job_needs_no_tasks() -> None:

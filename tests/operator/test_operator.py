@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ._operator_fixture import cluster, job, pool, wait_for
+from heddle.operator._hosts import HostAllowList
+from heddle.operator._operator import run_operator
+
+from ._operator_fixture import FAST, cluster, job, pool, wait_for
 from .conftest import assert_exactly_once, read_records
 
 pytestmark = pytest.mark.anyio
@@ -235,6 +240,27 @@ async def test_invalid_specs_are_rejected_or_reported(tmp_path: Path) -> None:
         notasks = await c.get("rolloutjobs", "notasks")
         assert "give tasks" in _condition(notasks, "Valid")["message"]
         assert await c.list("pods") == []
+
+
+async def test_tool_host_outside_the_operators_allow_list_fails_the_job(tmp_path: Path) -> None:
+    async with cluster(tmp_path, operator=False) as c:
+        c.stop = asyncio.Event()
+        allowed = HostAllowList.parse("127.0.0.1", "--tool-allowed-hosts")
+        config = dataclasses.replace(FAST, api_server=c.url, tool_hosts=allowed)
+        c.operator = asyncio.create_task(run_operator(config, stop_flag=c.stop))
+        tools = {"endpoints": [{"name": "meta", "url": "http://169.254.169.254/x"}]}
+        environment = {"type": "tools", "tools": tools}
+        inline = {"inline": [{"prompt": "x"}]}
+        await c.apply(job("meta", "p", tmp_path / "m.jsonl", environment=environment, tasks=inline))
+
+        async def failed() -> dict[str, Any] | None:
+            body = await c.get("rolloutjobs", "meta")
+            return body if (body or {}).get("status", {}).get("phase") == "Failed" else None
+
+        body = await wait_for(failed, 60, "the job to fail validation")
+        valid = _condition(body, "Valid")
+        assert valid is not None and valid["reason"] == "InvalidSpec"
+        assert "endpoints[0].url: host '169.254.169.254' is not among the hosts" in valid["message"]
 
 
 async def test_spec_change_rolls_pods_one_at_a_time(

@@ -179,3 +179,31 @@ def test_ctrl_c_stops_the_workers_and_keeps_what_finished(tmp_path: Path) -> Non
     records = read_records(output)
     assert 4 <= len(records) < 64
     assert len({(r["task_id"], r["sample"]) for r in records}) == len(records)
+
+
+def test_tool_host_outside_the_allow_list_is_refused(tmp_path: Path) -> None:
+    endpoint = {"name": "meta", "url": "http://169.254.169.254/latest/meta-data"}
+    job = _job(
+        tmp_path,
+        {
+            "tasks": {"inline": [{"prompt": "x"}]},
+            "environment": {"type": "tools", "tools": {"endpoints": [endpoint]}},
+        },
+    )
+    env = {**os.environ, "HEDDLE_TOOL_ALLOWED_HOSTS": "127.0.0.1,*.tools.svc"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "heddle", "run", str(job), "--engine", "sim"],
+        check=False,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        "heddle: error: RolloutJob 'job' spec.environment.tools.endpoints[0].url: host "
+        "'169.254.169.254' is not among the hosts this operator lets tools reach "
+        "(HEDDLE_TOOL_ALLOWED_HOSTS); use an allowed tool host or ask the admin to add it"
+    )
+    assert not (tmp_path / "out").exists()

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from heddle.exceptions import HeddleError
 from heddle.operator._client import WorkerEndpoint
 from heddle.operator._environments import Environment, SyntheticEnvironment, synthetic_tasks
 from heddle.operator._local import LocalPool
@@ -15,10 +19,15 @@ from heddle.operator._manifests import SamplingSpec, ToolEndpointSpec, ToolsSpec
 from heddle.operator._output import OutputSink
 from heddle.operator._presets import load_workload
 from heddle.operator._run import perf_model_for  # noqa: F401 - keeps the public helper imported
-from heddle.operator._session import RolloutSession, SessionConfig, SessionResult
+from heddle.operator._session import (
+    RolloutSession,
+    SessionConfig,
+    SessionResult,
+    step_seed,
+)
 from heddle.operator._tasks import Task
 from heddle.operator._tools import ToolsEnvironment
-from heddle.scheduler import HARDWARE_PRESETS, MODEL_PRESETS, PerfModel
+from heddle.scheduler import HARDWARE_PRESETS, MODEL_PRESETS, SAMPLING_LIMITS, PerfModel
 
 from .conftest import ToolServer, assert_consistent, assert_exactly_once, read_records
 
@@ -210,15 +219,120 @@ def test_tool_failure_can_fail_the_trajectory(
     scripted_pool: tuple[LocalPool, list[WorkerEndpoint]], tool_server: ToolServer, tmp_path: Path
 ) -> None:
     _, workers = scripted_pool
-    endpoints = (ToolEndpointSpec("junk", tool_server.url + "/garbage", timeout_s=0.3, retries=2),)
+    endpoints = (
+        ToolEndpointSpec("junk", tool_server.url + "/garbage", timeout_s=0.3, retries=2),
+        ToolEndpointSpec("strict", tool_server.url + "/refuse", timeout_s=0.3, retries=2),
+    )
     env = ToolsEnvironment(ToolsSpec(endpoints=endpoints, on_error="fail"))
-    tasks = [_tool_task("a", _call("junk"), "never"), _tool_task("b", "no tools needed")]
+    tasks = [
+        _tool_task("a", _call("junk"), "never"),
+        _tool_task("b", "no tools needed"),
+        _tool_task("unknown", _call("nope"), "never"),  # onError: fail covers unknown tools
+        _tool_task("refused", _call("strict"), "never"),  # ... and a 4xx
+        _tool_task("broken", "<tool_call>{broken</tool_call>", "fixed it"),  # never fails it
+    ]
     out = tmp_path / "out.jsonl"
     result = asyncio.run(_session(workers, out, tasks, env, 2).run())
     records = read_records(out)
     assert_exactly_once(records, _keys(tasks, 2))
-    failed = [r for r in records if r["task_id"] == "a"]
-    assert all(r["status"] == "failed" and "after 3 attempts" in r["error"] for r in failed)
-    assert all(r["status"] == "done" for r in records if r["task_id"] == "b")
-    assert result.progress.failed == 2
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by_task.setdefault(r["task_id"], []).append(r)
+    for task_id, error in (
+        ("a", "after 3 attempts"),
+        ("unknown", "unknown tool 'nope'"),
+        ("refused", "refused the call (400)"),
+    ):
+        assert all(r["status"] == "failed" and error in r["error"] for r in by_task[task_id])
+    assert all(r["status"] == "done" for r in by_task["b"])
+    assert all(r["status"] == "done" and r["tool_errors"] == 1 for r in by_task["broken"])
+    assert result.progress.failed == 6
     assert len([c for c in tool_server.calls if c[0] == "/garbage"]) == 2 * 3
+    assert len([c for c in tool_server.calls if c[0] == "/refuse"]) == 2
+
+
+def _generate_requests(workers: list[WorkerEndpoint], status: int) -> int:
+    """Generate requests the workers answered with ``status``, from their own /metrics."""
+    route = 'route="POST /v1/trajectories/{trajectory_id}/generate"'
+    total = 0.0
+    for w in workers:
+        for line in httpx.get(f"{w.url}/metrics", timeout=5).text.splitlines():
+            ours = line.startswith("heddle_worker_requests_total{") and route in line
+            if ours and f'status="{status}"' in line:
+                total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+def test_rejected_step_fails_its_trajectory_once_and_the_rest_go_on(
+    scripted_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    _, workers = scripted_pool
+    env = ToolsEnvironment(ToolsSpec())
+    bad = Task("bad", ({"role": "narrator", "content": "once upon a time"},))  # the worker: 422
+    tasks = [_tool_task("a", "fine"), bad, _tool_task("b", "also fine")]
+    out = tmp_path / "out.jsonl"
+    result = asyncio.run(_session(workers, out, tasks, env, 2).run())
+    records = read_records(out)
+    assert_exactly_once(records, _keys(tasks, 2))
+    for r in records:
+        if r["task_id"] == "bad":
+            assert r["status"] == "failed" and "422 invalid request" in r["error"], r["error"]
+            assert "role" in r["error"]
+        else:
+            assert r["status"] == "done"
+    assert result.progress.failed == 2
+    assert _generate_requests(workers, 422) == 2  # each rejected once, never sent again
+
+
+def test_job_whose_steps_are_all_rejected_stops_early_with_the_error(
+    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    _, workers = sim_pool
+    tasks, env = _synthetic(100, 1)
+    # Built directly, past the manifest's ranges: the workers refuse it (422) on every step.
+    sampling = SamplingSpec(temperature=-1.0, max_tokens_per_turn=256, max_total_tokens=3000)
+    config = dataclasses.replace(FAST, max_inflight_per_worker=2)
+    out = tmp_path / "out.jsonl"
+    session = _session(workers, out, tasks, env, 1, sampling=sampling, config=config)
+    with pytest.raises(HeddleError) as err:
+        asyncio.run(session.run())
+    message = str(err.value)
+    assert "the first 8 trajectories to finish were all rejected by the workers" in message
+    assert "422 invalid request: sampling.temperature" in message
+    records = read_records(out)
+    assert 8 <= len(records) < 40, "it ground on instead of stopping"
+    assert all(r["status"] == "failed" and "422" in r["error"] for r in records)
+    assert len({(r["task_id"], r["sample"]) for r in records}) == len(records)
+    # Stopped early: steps answered while the session stopped are not recorded (they run
+    # again next time), but far fewer than the 100 a grinding job would have sent.
+    assert len(records) <= _generate_requests(workers, 422) < 40
+
+
+def test_step_failing_on_a_ready_worker_backs_off_then_fails_its_trajectory(
+    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    _, workers = sim_pool
+    tasks, env = _synthetic(2, 1)
+    # Every step outlasts its timeout while /readyz answers: the same step fails again and again.
+    config = dataclasses.replace(FAST, step_timeout_s=0.01, retry_backoff_s=0.2, max_step_retries=2)
+    out = tmp_path / "out.jsonl"
+    started = time.monotonic()
+    session = _session(workers, out, tasks, env, 1, config=config, deadline_s=30.0)
+    result = asyncio.run(session.run())
+    elapsed = time.monotonic() - started
+    records = read_records(out)
+    assert_exactly_once(records, _keys(tasks, 1))
+    for r in records:
+        assert r["status"] == "failed", r["status"]
+        assert "the step failed 3 times on workers that stayed ready" in r["error"]
+        assert "no answer in 0.01 s" in r["error"]
+    assert not result.deadline_hit
+    assert elapsed >= 0.2 + 0.4  # waited between attempts: 0.2 s, then twice that
+    assert _generate_requests(workers, 200) <= 2 * 3  # no hot loop of attempts
+
+
+def test_step_seeds_derive_from_the_jobs_and_stay_valid() -> None:
+    assert step_seed(7, 2, 1, 3) == 7 + 2 * 1009 + 7 + 3
+    top = SAMPLING_LIMITS.seed_max  # the largest seed the manifest accepts
+    seeds = {step_seed(top, t, s, turn) for t in range(50) for s in range(4) for turn in range(3)}
+    assert len(seeds) == 50 * 4 * 3 and all(0 <= x <= top for x in seeds)
