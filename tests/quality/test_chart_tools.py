@@ -99,7 +99,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         },
         "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "rl-shared"}}],
         "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-        "operator": {"extraArgs": ["--verbose"], "logLevel": "DEBUG"},
+        "operator": {"extraArgs": ["--drain-timeout=1200"], "logLevel": "DEBUG"},
     },
 }
 for _path in sorted((ROOT / "examples" / "helm").glob("*.yaml")):
@@ -107,9 +107,9 @@ for _path in sorted((ROOT / "examples" / "helm").glob("*.yaml")):
 
 
 @functools.cache
-def _rendered(name: str, release: str = "heddle") -> tuple[dict[str, Any], ...]:
-    """The objects `helm template` would print for a value set (cached: read-only)."""
-    return tuple(render(VALUE_SETS[name], release))
+def _rendered(name: str) -> tuple[dict[str, Any], ...]:
+    """The objects `helm template heddle` prints for a value set (cached: read them only)."""
+    return tuple(render(VALUE_SETS[name]))
 
 
 def render(values: dict[str, Any], release: str = "heddle") -> list[dict[str, Any]]:
@@ -190,7 +190,7 @@ def _schema_errors(text: str, version: str) -> tuple[str, ...]:
     return ()
 
 
-def test_kubernetes_versions_span_what_the_issue_asks() -> None:
+def test_validation_spans_kubernetes_1_31_to_1_37() -> None:
     oldest, newest = (tuple(int(p) for p in v.split(".")[:2]) for v in KUBE_VERSIONS)
     assert oldest <= (1, 31) and newest >= (1, 37), KUBE_VERSIONS
 
@@ -261,7 +261,7 @@ def test_pod_placement_values_reach_the_operator_pod() -> None:
         assert pod["spec"][key] == values[key], key
     assert pod["spec"]["affinity"] == values["affinity"]
     (container,) = pod["spec"]["containers"]
-    assert container["args"][-1] == "--verbose"
+    assert container["args"][-1] == "--drain-timeout=1200"  # the last one wins
     assert {"name": "data", "mountPath": "/data"} in container["volumeMounts"]
     defaults = _one(_rendered("defaults"), "Deployment")["spec"]["template"]
     assert "annotations" not in defaults["metadata"]
@@ -456,6 +456,7 @@ def checkov_findings(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[
         written += 1
     result = subprocess.run(
         [str(checkov), "-d", str(root), "--framework", "kubernetes", "-o", "json", *OFFLINE],
+        cwd=root,
         capture_output=True,
         text=True,
         timeout=300,
