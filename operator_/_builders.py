@@ -113,6 +113,7 @@ def worker_pod(
         "terminationGracePeriodSeconds": 60,
         "subdomain": pool.name,
         "hostname": name,
+        "automountServiceAccountToken": False,  # workers never call the Kubernetes API
         "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
     }
     for key in ("nodeSelector", "tolerations", "volumes"):

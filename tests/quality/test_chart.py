@@ -1,4 +1,7 @@
-"""The Helm chart without Helm (none can be installed here): structure, values, CRD copies."""
+"""The Helm chart's plain files: structure, values, CRD copies, dashboard.
+
+Helm, Kubernetes' schemas, kustomize and checkov: test_chart_tools.py.
+"""
 
 from __future__ import annotations
 

