@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigError",
+    "EngineInputError",
     "HeddleError",
     "InfeasibleError",
     "ManifestError",
@@ -68,6 +69,13 @@ class WorkerUnavailableError(WorkerError):
 
 class WorkerRejectedError(WorkerError):
     """The worker refused the request itself (4xx); sending it elsewhere would not help."""
+
+
+class EngineInputError(HeddleError, ValueError):
+    """An engine refused a step's input (a token id, a sampling value) as invalid.
+
+    The worker answers 422: another worker would refuse it too, so it is never a 503.
+    """
 
 
 class ToolError(HeddleError):

@@ -11,9 +11,12 @@ with synthetic tokens, for scale tests and benchmarks without a model; the
 """
 
 from ._app import WorkerState, create_app
+from ._body_limit import MAX_BODY_BYTES
 from ._engine import Engine, EngineError, EngineStats, Sampling, StepOutput
 from ._schemas import (
+    FIELD_RANGES,
     ChatMessage,
+    ErrorResponse,
     ExportResponse,
     GenerateRequest,
     GenerateResponse,
@@ -28,10 +31,13 @@ from ._sim_engine import SimulatedEngine
 from ._vllm_engine import VLLMConfig, VLLMEngine
 
 __all__ = [
+    "FIELD_RANGES",
+    "MAX_BODY_BYTES",
     "ChatMessage",
     "Engine",
     "EngineError",
     "EngineStats",
+    "ErrorResponse",
     "ExportResponse",
     "GenerateRequest",
     "GenerateResponse",
