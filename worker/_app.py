@@ -25,6 +25,7 @@ from ._body_limit import MAX_BODY_BYTES, BodyLimit
 from ._engine import Engine, EngineError, Sampling, StepOutput
 from ._schemas import (
     FIELD_RANGES,
+    TOKEN_ID_FIELDS,
     ErrorResponse,
     ExportResponse,
     GenerateRequest,
@@ -118,7 +119,14 @@ class WorkerState:
         await self.engine.abort_all()
 
 
-def _sentence(exc: RequestValidationError) -> tuple[int, str]:
+def _outside_vocabulary(where: str, token_id: object, vocab_size: int) -> str:
+    return (
+        f"invalid request: {where} holds token id {token_id}, outside the model's "
+        f"vocabulary [0, {vocab_size}); send ids its tokenizer produced"
+    )
+
+
+def _sentence(exc: RequestValidationError, vocab_size: int) -> tuple[int, str]:
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
         detail = next(e for e in errors if e.get("type") == "json_invalid")
@@ -132,6 +140,9 @@ def _sentence(exc: RequestValidationError) -> tuple[int, str]:
         if loc == ("body",) and e.get("type") == "missing":
             return 422, "the request needs a JSON body (docs/worker-api.md shows each one)"
         where = ".".join(x for x in loc if x != "body") or "body"
+        field_ = where.rpartition(".")[0]
+        if field_ in TOKEN_ID_FIELDS and e.get("type") == "greater_than_equal":
+            return 422, _outside_vocabulary(field_, e.get("input"), vocab_size)
         bounds = FIELD_RANGES.get(where)
         if bounds is not None:
             parts.append(f"{where} must be a number in {bounds}, not {e.get('input')!r}")
@@ -236,7 +247,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        status, message = _sentence(exc)
+        status, message = _sentence(exc, engine.vocab_size)
         return JSONResponse({"error": message}, status_code=status)
 
     @app.exception_handler(HTTPException)
@@ -281,11 +292,7 @@ def create_app(
             return
         for bad in (min(token_ids), max(token_ids)):
             if not 0 <= bad < engine.vocab_size:
-                raise ApiError(
-                    422,
-                    f"invalid request: {where} holds token id {bad}, outside the model's "
-                    f"vocabulary [0, {engine.vocab_size}); send ids its tokenizer produced",
-                )
+                raise ApiError(422, _outside_vocabulary(where, bad, engine.vocab_size))
 
     def _refuse_when_unavailable() -> None:
         if state.draining:

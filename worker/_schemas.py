@@ -8,12 +8,13 @@ the OpenAPI schema shows them, and the API's error sentences quote them
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "FIELD_RANGES",
+    "TOKEN_ID_FIELDS",
     "ChatMessage",
     "ErrorResponse",
     "ExportResponse",
@@ -70,6 +71,12 @@ FIELD_RANGES: dict[str, Range] = {
 """Where a range applies (the field's dotted path in a generate request) -> the range."""
 
 
+TOKEN_ID_FIELDS = ("append_token_ids", "sampling.stop_token_ids", "token_ids")
+"""Lists of token ids: each in [0, the engine's vocab_size), which only the running worker knows."""
+
+TokenId = Annotated[int, Field(ge=0)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -86,7 +93,7 @@ class SamplingParams(_Strict):
     seed: int | None = SEED.field(None, "per-request sampling seed")
     ignore_eos: bool = False
     logprobs: bool = False
-    stop_token_ids: list[int] = Field(
+    stop_token_ids: list[TokenId] = Field(
         default_factory=list, description="token ids that end the turn; in the model's vocabulary"
     )
 
@@ -94,7 +101,7 @@ class SamplingParams(_Strict):
 class GenerateRequest(_Strict):
     """Append tokens or chat messages to the trajectory, then generate one turn."""
 
-    append_token_ids: list[int] | None = Field(
+    append_token_ids: list[TokenId] | None = Field(
         None, description="raw token ids to append; in the model's vocabulary"
     )
     messages: list[ChatMessage] | None = Field(
@@ -138,7 +145,7 @@ class GenerateResponse(_Strict):
 
 
 class ImportRequest(_Strict):
-    token_ids: list[int] = Field(
+    token_ids: list[TokenId] = Field(
         min_length=1, description="the whole context; in the model's vocabulary"
     )
     warm: bool = Field(False, description="prefill now so the next step hits the cache")
