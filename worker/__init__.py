@@ -29,10 +29,12 @@ from ._schemas import (
 from ._server import serve
 from ._sim_engine import SimulatedEngine
 from ._vllm_engine import VLLMConfig, VLLMEngine
+from ._vllm_env import THREADS_BIND, vllm_cpu_env
 
 __all__ = [
     "FIELD_RANGES",
     "MAX_BODY_BYTES",
+    "THREADS_BIND",
     "ChatMessage",
     "Engine",
     "EngineError",
@@ -54,4 +56,5 @@ __all__ = [
     "WorkerState",
     "create_app",
     "serve",
+    "vllm_cpu_env",
 ]

@@ -326,7 +326,7 @@ def create_app(
             gone.cancel()
             if not step.done():
                 step.cancel()
-                with contextlib.suppress(asyncio.CancelledError, EngineError):
+                with contextlib.suppress(asyncio.CancelledError, EngineError, EngineInputError):
                     await step
         if step.cancelled():
             return None

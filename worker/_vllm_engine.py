@@ -16,6 +16,7 @@ from typing import Any
 from heddle.exceptions import EngineInputError
 
 from ._engine import Engine, EngineError, EngineStats, Sampling, StepOutput
+from ._vllm_env import vllm_cpu_env
 
 __all__ = ["VLLMConfig", "VLLMEngine"]
 
@@ -64,11 +65,7 @@ class VLLMEngine(Engine):
 
     async def start(self) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.kv_cache_gib))
-        if self.config.tp > 1:  # CPU build: one core per TP rank unless told otherwise
-            os.environ.setdefault(
-                "VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i) for i in range(self.config.tp))
-            )
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from disk or a volume
+        os.environ.update(vllm_cpu_env(range(self.config.tp), os.environ))
         from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415 - optional extra
         from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
 
