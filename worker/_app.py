@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -117,6 +116,14 @@ class WorkerState:
         """Stop taking steps and abort the in-flight ones at once (a second SIGTERM)."""
         self.draining = True
         await self.engine.abort_all()
+
+
+_WATCH_AFTER_S = 0.05
+"""A step still running after this long starts watching for its client leaving."""
+
+_INLINE_TOKENIZE_CHARS = 16_384
+"""Messages shorter than this are tokenised in place (well under a millisecond): a
+thread hop would cost more. Longer ones go to the tokenizer thread."""
 
 
 def _outside_vocabulary(where: str, token_id: object, vocab_size: int) -> str:
@@ -307,35 +314,52 @@ def create_app(
         if body.append_token_ids is not None:
             _check_vocab("append_token_ids", body.append_token_ids)
             return body.append_token_ids
-        if body.messages is not None:
-            messages = [msg.model_dump() for msg in body.messages]
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(state.tokenizer, _tokenize, messages)
-        return []
+        if body.messages is None:
+            return []
+        messages = [msg.model_dump() for msg in body.messages]
+        if sum(len(msg.content) for msg in body.messages) < _INLINE_TOKENIZE_CHARS:
+            return _tokenize(messages)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(state.tokenizer, _tokenize, messages)
 
     async def _step(
         request: Request, trajectory_id: str, context: list[int], sampling: Sampling, priority: int
     ) -> StepOutput | None:
         """The engine's step, cancelled (vLLM: aborted) if the client goes away meanwhile:
         then ``None``."""
-        step = asyncio.ensure_future(engine.step(trajectory_id, context, sampling, priority))
-        gone = asyncio.ensure_future(_until_disconnected(request))
+        # Watching needs a task reading the connection; a step shorter than the delay
+        # (most, at scale) never pays for one. A watcher cancels this task when it sees
+        # the client go.
+        this = asyncio.current_task()
+        assert this is not None
+        watchers: list[asyncio.Task[None]] = []
+        stepping = [True]  # a callback already scheduled must not cancel what comes after
+
+        def cancel_step(watcher: asyncio.Future[None]) -> None:
+            if stepping[0] and not watcher.cancelled():
+                this.cancel()
+
+        def watch() -> None:
+            watchers.append(asyncio.ensure_future(_until_disconnected(request)))
+            watchers[0].add_done_callback(cancel_step)
+
+        timer = asyncio.get_running_loop().call_later(_WATCH_AFTER_S, watch)
         try:
-            await asyncio.wait({step, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            if not step.done():
-                step.cancel()
-                with contextlib.suppress(asyncio.CancelledError, EngineError, EngineInputError):
-                    await step
-        if step.cancelled():
-            return None
-        try:
-            return step.result()
+            return await engine.step(trajectory_id, context, sampling, priority)
+        except asyncio.CancelledError:
+            gone = watchers and watchers[0].done() and not watchers[0].cancelled()
+            if gone and this.uncancel() == 0:
+                return None  # cancelled by the client's leaving, not by the server
+            raise
         except EngineInputError as exc:
             raise ApiError(422, f"invalid request: the engine refused it: {exc}") from exc
         except EngineError as exc:
             raise ApiError(503, f"the engine failed: {exc}") from exc
+        finally:
+            stepping[0] = False
+            timer.cancel()
+            for watcher in watchers:
+                watcher.cancel()
 
     @app.post(
         "/v1/trajectories/{trajectory_id}/generate",

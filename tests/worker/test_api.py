@@ -379,6 +379,9 @@ async def test_the_default_body_limit_refuses_a_16_mib_body(sim_engine: Build) -
         assert answer.status_code == 413, answer.text[:200]
 
 
+LARGE_MESSAGE = {"role": "tool", "content": "x" * 20_000}  # small ones are tokenised in place
+
+
 class SlowTokenizer(SimulatedEngine):
     """A simulated engine whose tokenizer blocks for a second, like a 10 MB prompt does."""
 
@@ -388,8 +391,8 @@ class SlowTokenizer(SimulatedEngine):
 
 
 async def test_tokenising_runs_off_the_event_loop_so_probes_keep_answering() -> None:
-    async with worker(SlowTokenizer(sim_perf(), time_scale=0.01, max_model_len=4096)) as client:
-        body = {"messages": [{"role": "user", "content": "hi"}], "sampling": {"max_tokens": 2}}
+    async with worker(SlowTokenizer(sim_perf(), time_scale=0.01)) as client:
+        body = {"messages": [LARGE_MESSAGE], "sampling": {"max_tokens": 2}}
         stepping = asyncio.create_task(client.post("/v1/trajectories/s/generate", json=body))
         gaps: list[float] = []
         probes: list[int] = []
@@ -404,8 +407,8 @@ async def test_tokenising_runs_off_the_event_loop_so_probes_keep_answering() -> 
 
 
 async def test_a_trajectory_is_busy_while_its_messages_are_tokenised() -> None:
-    async with worker(SlowTokenizer(sim_perf(), time_scale=0.01, max_model_len=4096)) as client:
-        body = {"messages": [{"role": "user", "content": "hi"}], "sampling": {"max_tokens": 2}}
+    async with worker(SlowTokenizer(sim_perf(), time_scale=0.01)) as client:
+        body = {"messages": [LARGE_MESSAGE], "sampling": {"max_tokens": 2}}
         stepping = asyncio.create_task(client.post("/v1/trajectories/s/generate", json=body))
         await asyncio.sleep(0.2)
         second = await client.post("/v1/trajectories/s/generate", json=body)
