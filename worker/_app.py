@@ -146,6 +146,9 @@ def _sentence(exc: RequestValidationError, vocab_size: int) -> tuple[int, str]:
         loc = tuple(str(x) for x in e.get("loc", ()))
         if loc == ("body",) and e.get("type") == "missing":
             return 422, "the request needs a JSON body (docs/worker-api.md shows each one)"
+        if loc == ("body",) and e.get("type") in {"model_attributes_type", "model_type"}:
+            # An array, a string, or a body not sent as JSON.
+            return 422, "the request body must be a JSON object sent as application/json"
         where = ".".join(x for x in loc if x != "body") or "body"
         field_ = where.rpartition(".")[0]
         if field_ in TOKEN_ID_FIELDS and e.get("type") == "greater_than_equal":

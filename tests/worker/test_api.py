@@ -188,6 +188,13 @@ async def test_state_and_metrics_report_what_happened(sim_engine: Build) -> None
             422,
             "sampling.stop_token_ids holds token id 300, outside the model's vocabulary [0, 256)",
         ),
+        (
+            "post",
+            "/v1/trajectories/x/generate",
+            b"[1, 2]",
+            422,
+            "the request body must be a JSON object sent as application/json",
+        ),
         ("get", "/v1/nothing", None, 404, "no endpoint GET /v1/nothing"),
         ("patch", "/v1/trajectories/x", None, 405, "/v1/trajectories/x does not take PATCH"),
     ],

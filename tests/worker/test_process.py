@@ -158,3 +158,15 @@ def test_the_body_limit_is_set_with_a_flag() -> None:
         answer = httpx.post(f"{url}/v1/trajectories/b/generate", json=body, timeout=10)
         assert answer.status_code == 413
         assert "limit of 10485 bytes" in answer.json()["error"]
+
+
+def test_a_body_limit_that_is_not_positive_is_refused_in_one_sentence() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "heddle", "worker", "--max-body-mib", "0"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == "heddle: error: --max-body-mib 0 must be positive, e.g. 16"
