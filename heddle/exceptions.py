@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "ConfigError",
+    "EngineInputError",
     "HeddleError",
     "InfeasibleError",
     "ManifestError",
@@ -73,6 +74,13 @@ class WorkerRejectedError(WorkerError):
 
 class StepFailedError(WorkerError):
     """One step kept failing on workers that stayed ready; its retries are spent."""
+
+
+class EngineInputError(HeddleError, ValueError):
+    """An engine refused a step's input (a token id, a sampling value) as invalid.
+
+    The worker answers 422: another worker would refuse it too, so it is never a 503.
+    """
 
 
 class ToolError(HeddleError):

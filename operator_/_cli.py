@@ -212,6 +212,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from ._presets import load_cluster
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    limits: dict[str, int] = {}
+    if args.max_body_mib is not None:
+        if args.max_body_mib <= 0:
+            raise ConfigError(f"--max-body-mib {args.max_body_mib:g} must be positive, e.g. 16")
+        limits["max_body_bytes"] = int(args.max_body_mib * 2**20)
     if args.engine == "vllm":
         from heddle.worker import VLLMConfig, VLLMEngine, check_vllm_environment
 
@@ -231,7 +236,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                 engine_args=tuple(_engine_arg(a) for a in args.vllm_arg),
             )
         )
-        serve(vllm_engine, host=args.host, port=args.port, grace_s=args.grace)
+        serve(vllm_engine, host=args.host, port=args.port, grace_s=args.grace, **limits)
         return 0
     perf = load_cluster(args.cluster).perf_model()
     if perf.kv_capacity_tokens(args.tp) <= 0:
@@ -245,7 +250,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         seed=args.seed,
         scripted_replies=args.scripted_replies,
     )
-    serve(engine, host=args.host, port=args.port, grace_s=args.grace)
+    serve(engine, host=args.host, port=args.port, grace_s=args.grace, **limits)
     return 0
 
 
@@ -373,6 +378,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="vllm CPU build: KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE)",
+    )
+    p_worker.add_argument(
+        "--max-body-mib",
+        type=float,
+        default=None,  # the worker's own default (heddle.worker MAX_BODY_BYTES)
+        help="largest request body in MiB; larger ones get 413 (docs/worker-api.md)",
     )
     p_worker.set_defaults(func=_cmd_worker)
 

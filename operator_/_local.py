@@ -25,6 +25,7 @@ from typing import IO
 import httpx
 
 from heddle.exceptions import HeddleError
+from heddle.worker import THREADS_BIND, vllm_cpu_env
 
 from ._client import WorkerEndpoint
 
@@ -107,9 +108,10 @@ class LocalPool:
     def _spawn(self, name: str, tp: int, cores: list[int]) -> _Proc:
         o = self.options
         port = free_port(o.host)
-        env = dict(os.environ)
-        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(c) for c in cores)
-        env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        # The pool deals the cores: a binding in its own environment must not apply to all.
+        inherited = {k: v for k, v in os.environ.items() if k != THREADS_BIND}
+        env = vllm_cpu_env(cores, inherited)
+        env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the log files stay readable
         o.log_dir.mkdir(parents=True, exist_ok=True)
         log = (o.log_dir / f"{name}.log").open("ab")
         command = self._command(tp, port)

@@ -11,6 +11,7 @@ with synthetic tokens, for scale tests and benchmarks without a model; the
 """
 
 from ._app import WorkerState, create_app
+from ._body_limit import MAX_BODY_BYTES
 from ._engine import Engine, EngineError, EngineStats, Sampling, StepOutput
 from ._environment import (
     Check,
@@ -19,7 +20,9 @@ from ._environment import (
     vllm_environment_checks,
 )
 from ._schemas import (
+    FIELD_RANGES,
     ChatMessage,
+    ErrorResponse,
     ExportResponse,
     GenerateRequest,
     GenerateResponse,
@@ -32,13 +35,18 @@ from ._schemas import (
 from ._server import serve
 from ._sim_engine import SimulatedEngine
 from ._vllm_engine import VLLMConfig, VLLMEngine
+from ._vllm_env import THREADS_BIND, vllm_cpu_env
 
 __all__ = [
+    "FIELD_RANGES",
+    "MAX_BODY_BYTES",
+    "THREADS_BIND",
     "ChatMessage",
     "Check",
     "Engine",
     "EngineError",
     "EngineStats",
+    "ErrorResponse",
     "ExportResponse",
     "GenerateRequest",
     "GenerateResponse",
@@ -58,4 +66,5 @@ __all__ = [
     "probe_vllm_import",
     "serve",
     "vllm_environment_checks",
+    "vllm_cpu_env",
 ]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,14 +16,23 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
 
-from ._engine import Engine, EngineError, Sampling
+from heddle.exceptions import EngineInputError
+
+from ._body_limit import MAX_BODY_BYTES, BodyLimit
+from ._engine import Engine, EngineError, Sampling, StepOutput
 from ._schemas import (
+    FIELD_RANGES,
+    TOKEN_ID_FIELDS,
+    ErrorResponse,
     ExportResponse,
     GenerateRequest,
     GenerateResponse,
+    HealthResponse,
     ImportRequest,
     ImportResponse,
+    ReadyResponse,
     StateResponse,
     Timings,
 )
@@ -80,6 +90,11 @@ class WorkerState:
     metrics: _Metrics = field(default_factory=_Metrics)
     recent: deque[tuple[float, int]] = field(default_factory=deque)  # (time, tokens)
     started: float = field(default_factory=time.monotonic)
+    # Tokenising a large body takes seconds: off the event loop, so /readyz keeps
+    # answering. One thread: HF fast tokenizers are not safe to share across threads.
+    tokenizer: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="heddle-tokenize")
+    )
 
     def tokens_per_s(self, window_s: float = 10.0) -> float:
         now = time.monotonic()
@@ -97,8 +112,28 @@ class WorkerState:
         if self.busy:
             await self.engine.abort_all()
 
+    async def abort_now(self) -> None:
+        """Stop taking steps and abort the in-flight ones at once (a second SIGTERM)."""
+        self.draining = True
+        await self.engine.abort_all()
 
-def _sentence(exc: RequestValidationError) -> tuple[int, str]:
+
+_WATCH_AFTER_S = 0.05
+"""A step still running after this long starts watching for its client leaving."""
+
+_INLINE_TOKENIZE_CHARS = 16_384
+"""Messages shorter than this are tokenised in place (well under a millisecond): a
+thread hop would cost more. Longer ones go to the tokenizer thread."""
+
+
+def _outside_vocabulary(where: str, token_id: object, vocab_size: int) -> str:
+    return (
+        f"invalid request: {where} holds token id {token_id}, outside the model's "
+        f"vocabulary [0, {vocab_size}); send ids its tokenizer produced"
+    )
+
+
+def _sentence(exc: RequestValidationError, vocab_size: int) -> tuple[int, str]:
     errors = exc.errors()
     if any(e.get("type") == "json_invalid" for e in errors):
         detail = next(e for e in errors if e.get("type") == "json_invalid")
@@ -108,9 +143,52 @@ def _sentence(exc: RequestValidationError) -> tuple[int, str]:
         )
     parts = []
     for e in errors:
-        where = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
-        parts.append(f"{where}: {e.get('msg', 'invalid')}")
+        loc = tuple(str(x) for x in e.get("loc", ()))
+        if loc == ("body",) and e.get("type") == "missing":
+            return 422, "the request needs a JSON body (docs/worker-api.md shows each one)"
+        if loc == ("body",) and e.get("type") in {"model_attributes_type", "model_type"}:
+            # An array, a string, or a body not sent as JSON.
+            return 422, "the request body must be a JSON object sent as application/json"
+        where = ".".join(x for x in loc if x != "body") or "body"
+        field_ = where.rpartition(".")[0]
+        if field_ in TOKEN_ID_FIELDS and e.get("type") == "greater_than_equal":
+            return 422, _outside_vocabulary(field_, e.get("input"), vocab_size)
+        bounds = FIELD_RANGES.get(where)
+        if bounds is not None:
+            parts.append(f"{where} must be a number in {bounds}, not {e.get('input')!r}")
+        else:
+            parts.append(f"{where}: {e.get('msg', 'invalid')}")
     return 422, "invalid request: " + "; ".join(parts)
+
+
+def _http_sentence(request: Request, exc: HTTPException) -> str:
+    """Starlette's own errors (no route, wrong method, unreadable body) as sentences."""
+    if exc.status_code == 404 and exc.detail == "Not Found":
+        return (
+            f"no endpoint {request.method} {request.url.path}; "
+            "the worker's endpoints are listed in docs/worker-api.md and at /docs"
+        )
+    if exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        return f"{request.url.path} does not take {request.method}; use one of: {allowed}"
+    if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+        return "request body could not be read: send a UTF-8 JSON object"
+    return str(exc.detail)
+
+
+_WHY = {
+    400: "the body is not JSON, or the context would exceed the model's max length",
+    404: "the trajectory is not resident on this worker",
+    409: "a step of the trajectory is running",
+    413: "the body is over the worker's --max-body-mib",
+    422: "a field is invalid (named, with its valid range)",
+    503: "not ready, shutting down, or the engine failed: try another worker",
+}
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for the error statuses a route answers: all ``{"error": ...}``."""
+    return {s: {"model": ErrorResponse, "description": _WHY[s]} for s in statuses}
 
 
 class _CountRequests:
@@ -143,7 +221,15 @@ class _CountRequests:
             self.counter.labels(f"{scope['method']} {route}", status[0]).inc()
 
 
-def create_app(engine: Engine, *, grace_s: float = 30.0) -> FastAPI:
+async def _until_disconnected(request: Request) -> None:
+    """Returns when the client has gone (the body is read by now: only that can arrive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def create_app(
+    engine: Engine, *, grace_s: float = 30.0, max_body_bytes: int = MAX_BODY_BYTES
+) -> FastAPI:
     """The worker app; the engine starts with the app and stops with it."""
     state = WorkerState(engine, grace_s)
 
@@ -156,11 +242,13 @@ def create_app(engine: Engine, *, grace_s: float = 30.0) -> FastAPI:
             if not state.draining:
                 await state.drain()
             await engine.shutdown()
+            state.tokenizer.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="Heddle worker", lifespan=lifespan)
     app.state.worker = state
     m = state.metrics
 
+    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
     app.add_middleware(_CountRequests, counter=m.requests)
 
     @app.exception_handler(ApiError)
@@ -169,8 +257,27 @@ def create_app(engine: Engine, *, grace_s: float = 30.0) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        status, message = _sentence(exc)
+        status, message = _sentence(exc, engine.vocab_size)
         return JSONResponse({"error": message}, status_code=status)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse(
+            {"error": _http_sentence(request, exc)},
+            status_code=exc.status_code,
+            headers=exc.headers,
+        )
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        # Uvicorn still logs the traceback; the client gets the same JSON shape as always.
+        return JSONResponse(
+            {
+                "error": f"the worker failed on this request ({type(exc).__name__}: {exc}); "
+                "this is a bug in the worker, please report it with the worker's log"
+            },
+            status_code=500,
+        )
 
     def _context(trajectory_id: str) -> list[int]:
         context = state.contexts.get(trajectory_id)
@@ -190,29 +297,111 @@ def create_app(engine: Engine, *, grace_s: float = 30.0) -> FastAPI:
                 f"model's max length {engine.max_model_len}; end the trajectory or truncate it",
             )
 
+    def _check_vocab(where: str, token_ids: Sequence[int]) -> None:
+        if not token_ids:
+            return
+        for bad in (min(token_ids), max(token_ids)):
+            if not 0 <= bad < engine.vocab_size:
+                raise ApiError(422, _outside_vocabulary(where, bad, engine.vocab_size))
+
     def _refuse_when_unavailable() -> None:
         if state.draining:
             raise ApiError(503, "the worker is shutting down; send the step to another worker")
         if not engine.ready:
             raise ApiError(503, "the engine is not ready (loading, or failed); retry later")
 
-    @app.post("/v1/trajectories/{trajectory_id}/generate", response_model=GenerateResponse)
-    async def generate(trajectory_id: str, body: GenerateRequest) -> Response:
+    def _tokenize(messages: list[dict[str, str]]) -> list[int]:
+        return engine.encode(engine.render_chat(messages, True))
+
+    async def _appended(body: GenerateRequest) -> list[int]:
+        if body.append_token_ids is not None:
+            _check_vocab("append_token_ids", body.append_token_ids)
+            return body.append_token_ids
+        if body.messages is None:
+            return []
+        messages = [msg.model_dump() for msg in body.messages]
+        if sum(len(msg.content) for msg in body.messages) < _INLINE_TOKENIZE_CHARS:
+            return _tokenize(messages)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(state.tokenizer, _tokenize, messages)
+
+    async def _step(
+        request: Request, trajectory_id: str, context: list[int], sampling: Sampling, priority: int
+    ) -> StepOutput | None:
+        """The engine's step, cancelled (vLLM: aborted) if the client goes away meanwhile:
+        then ``None``."""
+        # Watching needs a task reading the connection; a step shorter than the delay
+        # (most, at scale) never pays for one. A watcher cancels this task when it sees
+        # the client go.
+        this = asyncio.current_task()
+        assert this is not None
+        watchers: list[asyncio.Task[None]] = []
+        stepping = [True]  # a callback already scheduled must not cancel what comes after
+
+        def cancel_step(watcher: asyncio.Future[None]) -> None:
+            if stepping[0] and not watcher.cancelled():
+                this.cancel()
+
+        def watch() -> None:
+            watchers.append(asyncio.ensure_future(_until_disconnected(request)))
+            watchers[0].add_done_callback(cancel_step)
+
+        timer = asyncio.get_running_loop().call_later(_WATCH_AFTER_S, watch)
+        try:
+            return await engine.step(trajectory_id, context, sampling, priority)
+        except asyncio.CancelledError:
+            gone = watchers and watchers[0].done() and not watchers[0].cancelled()
+            if gone and this.uncancel() == 0:
+                return None  # cancelled by the client's leaving, not by the server
+            raise
+        except EngineInputError as exc:
+            raise ApiError(422, f"invalid request: the engine refused it: {exc}") from exc
+        except EngineError as exc:
+            raise ApiError(503, f"the engine failed: {exc}") from exc
+        finally:
+            stepping[0] = False
+            timer.cancel()
+            for watcher in watchers:
+                watcher.cancel()
+
+    @app.post(
+        "/v1/trajectories/{trajectory_id}/generate",
+        response_model=GenerateResponse,
+        responses=_errors(400, 404, 409, 413, 422, 503),
+    )
+    async def generate(trajectory_id: str, body: GenerateRequest, request: Request) -> Response:
         _refuse_when_unavailable()
         if trajectory_id in state.busy:
             raise ApiError(409, f"a step of trajectory {trajectory_id!r} is already running")
-        appended: list[int] = []
-        if body.append_token_ids is not None:
-            appended = body.append_token_ids
-        elif body.messages is not None:
-            text = engine.render_chat([msg.model_dump() for msg in body.messages], True)
-            appended = engine.encode(text)
+        _check_vocab("sampling.stop_token_ids", body.sampling.stop_token_ids)
+        state.busy.add(trajectory_id)  # from here: tokenising yields to other requests
+        previous = state.contexts.get(trajectory_id)
+        reply = None
+        try:
+            reply = await _generate(trajectory_id, body, request, previous)
+        finally:
+            state.busy.discard(trajectory_id)
+            if reply is None:  # a step that did not finish leaves the context as it was
+                if previous is None:
+                    state.contexts.pop(trajectory_id, None)
+                else:
+                    state.contexts[trajectory_id] = previous
+        if reply is None:
+            # The client went away: nobody reads this; 499 keeps it apart from failures.
+            return JSONResponse({"error": "the client went away; step cancelled"}, 499)
+        return reply
+
+    async def _generate(
+        trajectory_id: str, body: GenerateRequest, request: Request, previous: list[int] | None
+    ) -> Response | None:
+        """The step's answer, or ``None`` if the client went away before it finished."""
+        appended = await _appended(body)
         if body.reset and not appended:
             raise ApiError(422, "reset needs append_token_ids or messages to start from")
-        if trajectory_id not in state.contexts and not appended:
+        if previous is None and not appended:
             _context(trajectory_id)  # raises 404
-        held = [] if body.reset else state.contexts.get(trajectory_id, [])
-        if body.reset and trajectory_id in state.contexts:
+        held = [] if body.reset or previous is None else previous
+        if body.reset and previous is not None:
             engine.release(trajectory_id)
         context = [*held, *appended]
         _check_length(trajectory_id, len(context))
@@ -225,27 +414,24 @@ def create_app(engine: Engine, *, grace_s: float = 30.0) -> FastAPI:
                 f"generate within the model's max length {engine.max_model_len}",
             )
         state.contexts[trajectory_id] = context
-        state.busy.add(trajectory_id)
         started = time.monotonic()
-        try:
-            output = await engine.step(
-                trajectory_id,
-                context,
-                Sampling(
-                    max_tokens=max_tokens,
-                    temperature=sampling.temperature,
-                    top_p=sampling.top_p,
-                    seed=sampling.seed,
-                    ignore_eos=sampling.ignore_eos,
-                    logprobs=sampling.logprobs,
-                    stop_token_ids=tuple(sampling.stop_token_ids),
-                ),
-                body.priority,
-            )
-        except EngineError as exc:
-            raise ApiError(503, f"the engine failed: {exc}") from exc
-        finally:
-            state.busy.discard(trajectory_id)
+        output = await _step(
+            request,
+            trajectory_id,
+            context,
+            Sampling(
+                max_tokens=max_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                seed=sampling.seed,
+                ignore_eos=sampling.ignore_eos,
+                logprobs=sampling.logprobs,
+                stop_token_ids=tuple(sampling.stop_token_ids),
+            ),
+            body.priority,
+        )
+        if output is None:
+            return None
         if output.finish_reason == "abort":
             raise ApiError(
                 503, "the worker is shutting down and aborted this step; retry on another worker"
@@ -277,7 +463,11 @@ def create_app(engine: Engine, *, grace_s: float = 30.0) -> FastAPI:
         # Built and typed above; sent as is, so FastAPI does not validate it a second time.
         return Response(reply.model_dump_json(), media_type="application/json")
 
-    @app.put("/v1/trajectories/{trajectory_id}", response_model=ImportResponse)
+    @app.put(
+        "/v1/trajectories/{trajectory_id}",
+        response_model=ImportResponse,
+        responses=_errors(400, 409, 413, 422, 503),
+    )
     async def import_context(trajectory_id: str, body: ImportRequest) -> ImportResponse:
         _refuse_when_unavailable()
         if trajectory_id in state.busy:
@@ -285,21 +475,29 @@ def create_app(engine: Engine, *, grace_s: float = 30.0) -> FastAPI:
                 409, f"a step of trajectory {trajectory_id!r} is running; import it later"
             )
         _check_length(trajectory_id, len(body.token_ids))
+        _check_vocab("token_ids", body.token_ids)
         state.contexts[trajectory_id] = list(body.token_ids)
         if body.warm:
-            await engine.warm(trajectory_id, state.contexts[trajectory_id])
+            try:
+                await engine.warm(trajectory_id, state.contexts[trajectory_id])
+            except EngineInputError as exc:
+                raise ApiError(422, f"invalid request: the engine refused it: {exc}") from exc
+            except EngineError as exc:
+                raise ApiError(503, f"the engine failed: {exc}") from exc
         m.imports.inc()
         return ImportResponse(
             trajectory_id=trajectory_id, context_tokens=len(body.token_ids), warmed=body.warm
         )
 
-    @app.get("/v1/trajectories/{trajectory_id}", response_model=ExportResponse)
+    @app.get(
+        "/v1/trajectories/{trajectory_id}", response_model=ExportResponse, responses=_errors(404)
+    )
     async def export_context(trajectory_id: str) -> ExportResponse:
         context = _context(trajectory_id)
         m.exports.inc()
         return ExportResponse(trajectory_id=trajectory_id, token_ids=list(context))
 
-    @app.delete("/v1/trajectories/{trajectory_id}", status_code=204)
+    @app.delete("/v1/trajectories/{trajectory_id}", status_code=204, responses=_errors(404, 409))
     async def release(trajectory_id: str) -> Response:
         _context(trajectory_id)
         if trajectory_id in state.busy:
@@ -318,6 +516,7 @@ def create_app(engine: Engine, *, grace_s: float = 30.0) -> FastAPI:
             model=engine.model,
             tp=engine.tp,
             max_model_len=engine.max_model_len,
+            vocab_size=engine.vocab_size,
             ready=engine.ready and not state.draining,
             draining=state.draining,
             running=stats.running,
@@ -328,11 +527,15 @@ def create_app(engine: Engine, *, grace_s: float = 30.0) -> FastAPI:
             tokens_per_s=state.tokens_per_s(),
         )
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
-        return {"status": "ok"}
+    @app.get("/healthz", response_model=HealthResponse)
+    async def healthz() -> HealthResponse:
+        return HealthResponse(status="ok")
 
-    @app.get("/readyz")
+    @app.get(
+        "/readyz",
+        response_model=ReadyResponse,
+        responses={503: {"model": ReadyResponse, "description": "loading, failed or draining"}},
+    )
     async def readyz() -> JSONResponse:
         if state.draining:
             return JSONResponse({"ready": False, "reason": "shutting down"}, status_code=503)
@@ -340,7 +543,7 @@ def create_app(engine: Engine, *, grace_s: float = 30.0) -> FastAPI:
             return JSONResponse({"ready": False, "reason": "engine not ready"}, status_code=503)
         return JSONResponse({"ready": True})
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:
         stats = engine.stats()
         m.resident.set(len(state.contexts))

@@ -60,6 +60,7 @@ class Engine(ABC):
     model: str
     tp: int
     max_model_len: int
+    vocab_size: int  # token ids run from 0 to vocab_size - 1; known once started
 
     @property
     @abstractmethod
@@ -73,7 +74,12 @@ class Engine(ABC):
     async def step(
         self, trajectory_id: str, context: list[int], sampling: Sampling, priority: int
     ) -> StepOutput:
-        """Generate one turn after ``context``; lower ``priority`` runs first."""
+        """Generate one turn after ``context``; lower ``priority`` runs first.
+
+        Cancelling the call drops the step from the engine (the client went away).
+        Raises :class:`~heddle.exceptions.EngineInputError` for input the engine
+        refuses, :class:`EngineError` when the engine itself failed.
+        """
 
     @abstractmethod
     async def warm(self, trajectory_id: str, context: list[int]) -> None:

@@ -1,22 +1,80 @@
-"""Request and response bodies of the worker API (docs/worker-api.md)."""
+"""Request and response bodies of the worker API (docs/worker-api.md).
+
+The valid ranges of sampling fields live here, once: pydantic enforces them,
+the OpenAPI schema shows them, and the API's error sentences quote them
+(:data:`FIELD_RANGES`), so a manifest validator can share them too.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
+    "FIELD_RANGES",
+    "TOKEN_ID_FIELDS",
     "ChatMessage",
+    "ErrorResponse",
     "ExportResponse",
     "GenerateRequest",
     "GenerateResponse",
+    "HealthResponse",
     "ImportRequest",
     "ImportResponse",
+    "Range",
+    "ReadyResponse",
     "SamplingParams",
     "StateResponse",
     "Timings",
 ]
+
+
+@dataclass(frozen=True)
+class Range:
+    """A numeric range of one request field; ``None`` leaves that side open."""
+
+    low: int | float | None = None
+    high: int | float | None = None
+    low_exclusive: bool = False
+    finite: bool = False  # floats: reject Infinity and NaN
+
+    def __str__(self) -> str:
+        low = "(-inf" if self.low is None else f"{'(' if self.low_exclusive else '['}{self.low}"
+        high = "inf)" if self.high is None else f"{self.high}]"
+        return f"{low}, {high}"
+
+    def field(self, default: Any, description: str) -> Any:
+        """A pydantic ``Field`` enforcing this range, its description naming it."""
+        bounds: dict[str, Any] = {"le": self.high}
+        bounds["gt" if self.low_exclusive else "ge"] = self.low
+        if self.finite:
+            bounds["allow_inf_nan"] = False
+        return Field(default, description=f"{description}; in {self}", **bounds)
+
+
+# vLLM's own limits (SamplingParams, the int64 fields of its engine-core messages).
+MAX_TOKENS = Range(1)
+TEMPERATURE = Range(0.0, 2.0, finite=True)
+TOP_P = Range(0.0, 1.0, low_exclusive=True, finite=True)
+SEED = Range(0, 2**64 - 1)
+PRIORITY = Range(-(2**63), 2**63 - 1)
+
+FIELD_RANGES: dict[str, Range] = {
+    "sampling.max_tokens": MAX_TOKENS,
+    "sampling.temperature": TEMPERATURE,
+    "sampling.top_p": TOP_P,
+    "sampling.seed": SEED,
+    "priority": PRIORITY,
+}
+"""Where a range applies (the field's dotted path in a generate request) -> the range."""
+
+
+TOKEN_ID_FIELDS = ("append_token_ids", "sampling.stop_token_ids", "token_ids")
+"""Lists of token ids: each in [0, the engine's vocab_size), which only the running worker knows."""
+
+TokenId = Annotated[int, Field(ge=0)]
 
 
 class _Strict(BaseModel):
@@ -29,24 +87,30 @@ class ChatMessage(_Strict):
 
 
 class SamplingParams(_Strict):
-    max_tokens: int = Field(256, ge=1, description="tokens to generate at most")
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    max_tokens: int = MAX_TOKENS.field(256, "tokens to generate at most")
+    temperature: float = TEMPERATURE.field(1.0, "sampling temperature")
+    top_p: float = TOP_P.field(1.0, "nucleus sampling mass")
+    seed: int | None = SEED.field(None, "per-request sampling seed")
     ignore_eos: bool = False
     logprobs: bool = False
-    stop_token_ids: list[int] = Field(default_factory=list)
+    stop_token_ids: list[TokenId] = Field(
+        default_factory=list, description="token ids that end the turn; in the model's vocabulary"
+    )
 
 
 class GenerateRequest(_Strict):
     """Append tokens or chat messages to the trajectory, then generate one turn."""
 
-    append_token_ids: list[int] | None = Field(None, description="raw token ids to append")
+    append_token_ids: list[TokenId] | None = Field(
+        None, description="raw token ids to append; in the model's vocabulary"
+    )
     messages: list[ChatMessage] | None = Field(
-        None, description="chat messages to append, rendered with the model's chat template"
+        None,
+        min_length=1,
+        description="chat messages to append, rendered with the model's chat template",
     )
     sampling: SamplingParams = Field(default_factory=SamplingParams)
-    priority: int = Field(0, description="lower runs first (vLLM priority scheduling)")
+    priority: int = PRIORITY.field(0, "lower runs first (vLLM priority scheduling)")
     reset: bool = Field(
         False, description="start the context afresh from what this request appends"
     )
@@ -81,7 +145,9 @@ class GenerateResponse(_Strict):
 
 
 class ImportRequest(_Strict):
-    token_ids: list[int]
+    token_ids: list[TokenId] = Field(
+        min_length=1, description="the whole context; in the model's vocabulary"
+    )
     warm: bool = Field(False, description="prefill now so the next step hits the cache")
 
 
@@ -101,6 +167,7 @@ class StateResponse(_Strict):
     model: str
     tp: int
     max_model_len: int
+    vocab_size: int = Field(description="token ids run from 0 to vocab_size - 1")
     ready: bool
     draining: bool
     running: int
@@ -109,3 +176,18 @@ class StateResponse(_Strict):
     resident_trajectories: int
     generated_tokens: int
     tokens_per_s: float
+
+
+class ErrorResponse(_Strict):
+    """Every error the API answers: one sentence saying what is wrong and what to do."""
+
+    error: str
+
+
+class HealthResponse(_Strict):
+    status: Literal["ok"]
+
+
+class ReadyResponse(_Strict):
+    ready: bool
+    reason: str | None = Field(None, description="why not, when not ready")

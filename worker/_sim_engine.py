@@ -83,6 +83,7 @@ class SimulatedEngine(Engine):
     """Continuous batching on the performance model; see the module docstring."""
 
     name = "sim"
+    vocab_size = 256  # the tokenizer's tokens are bytes
 
     def __init__(
         self,
@@ -165,7 +166,20 @@ class SimulatedEngine(Engine):
                 req.remaining = max(1, len(req.script))
         heapq.heappush(self._waiting, (priority, next(self._seq), req))
         self._wake.set()
-        return await req.future
+        try:
+            return await req.future
+        except asyncio.CancelledError:
+            self._drop(req)
+            raise
+
+    def _drop(self, req: _Request) -> None:
+        """A cancelled step leaves the batch (or the queue) at once, as vLLM's abort does."""
+        if req in self._running:
+            self._running.remove(req)
+        else:
+            self._waiting = [w for w in self._waiting if w[2] is not req]
+            heapq.heapify(self._waiting)
+        self._wake.set()
 
     def _scripted(self, context: list[int], max_tokens: int) -> list[int] | None:
         text = self.decode(context)

@@ -13,7 +13,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from heddle.exceptions import EngineInputError
+
 from ._engine import Engine, EngineError, EngineStats, Sampling, StepOutput
+from ._vllm_env import vllm_cpu_env
 
 __all__ = ["VLLMConfig", "VLLMEngine"]
 
@@ -45,6 +48,7 @@ class VLLMEngine(Engine):
         self.model = config.model
         self.tp = config.tp
         self.max_model_len = config.max_model_len
+        self.vocab_size = 0  # read from the model when it loads
         self._llm: Any = None
         self._tokenizer: Any = None
         self._ids = itertools.count()
@@ -61,11 +65,7 @@ class VLLMEngine(Engine):
 
     async def start(self) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.config.kv_cache_gib))
-        if self.config.tp > 1:  # CPU build: one core per TP rank unless told otherwise
-            os.environ.setdefault(
-                "VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i) for i in range(self.config.tp))
-            )
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from disk or a volume
+        os.environ.update(vllm_cpu_env(range(self.config.tp), os.environ))
         from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415 - optional extra
         from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
 
@@ -89,6 +89,11 @@ class VLLMEngine(Engine):
         )
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._stat_logger_factory()])
         self._tokenizer = self._llm.tokenizer
+        # vLLM's own bound (renderers' validate_token_ids): the tokenizer's ids and the
+        # model's embedding rows may differ (Qwen3 pads its vocabulary); either is valid.
+        self.vocab_size = max(
+            int(self._tokenizer.max_token_id) + 1, int(self._llm.model_config.get_vocab_size())
+        )
 
     def _stat_logger_factory(self) -> Any:
         """A vLLM stat logger that copies the scheduler's figures into this engine."""
@@ -131,17 +136,21 @@ class VLLMEngine(Engine):
         if not self.ready:
             raise EngineError(self._failed or "the vLLM engine is not running")
         from vllm import SamplingParams  # noqa: PLC0415
+        from vllm.exceptions import VLLMClientError  # noqa: PLC0415
         from vllm.inputs import TokensPrompt  # noqa: PLC0415
 
-        params = SamplingParams(
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            seed=sampling.seed,
-            ignore_eos=sampling.ignore_eos,
-            logprobs=1 if sampling.logprobs else None,
-            stop_token_ids=list(sampling.stop_token_ids) or None,
-        )
+        try:
+            params = SamplingParams(
+                max_tokens=sampling.max_tokens,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                seed=sampling.seed,
+                ignore_eos=sampling.ignore_eos,
+                logprobs=1 if sampling.logprobs else None,
+                stop_token_ids=list(sampling.stop_token_ids) or None,
+            )
+        except (VLLMClientError, ValueError) as exc:
+            raise EngineInputError(f"vLLM refused the sampling parameters: {exc}") from exc
         request_id = f"{trajectory_id}#{next(self._ids)}"
         self._in_flight[request_id] = trajectory_id
         started = time.monotonic()
@@ -157,6 +166,11 @@ class VLLMEngine(Engine):
         except asyncio.CancelledError:
             await self._llm.abort(request_id)
             raise
+        except (VLLMClientError, ValueError) as exc:
+            if not self._llm.errored:  # the request's fault, not the engine's: a 4xx
+                raise EngineInputError(f"vLLM refused this step: {exc}") from exc
+            self._failed = f"vLLM engine died: {exc}"
+            raise EngineError(f"vLLM failed this step: {exc}") from exc
         except Exception as exc:
             if self._llm is not None and self._llm.errored:
                 self._failed = f"vLLM engine died: {exc}"
@@ -189,8 +203,14 @@ class VLLMEngine(Engine):
         )
 
     async def warm(self, trajectory_id: str, context: list[int]) -> None:
-        """Prefill by generating one throw-away token: the context lands in the prefix cache."""
-        await self.step(trajectory_id, context, Sampling(max_tokens=1, temperature=0.0), 0)
+        """Prefill by generating one throw-away token: the context lands in the prefix cache.
+
+        The token needs room under the max length, so a context that fills it is
+        prefilled without its last token (the cache holds whole blocks anyway).
+        """
+        prefix = context[: self.max_model_len - 1]
+        if prefix:
+            await self.step(trajectory_id, prefix, Sampling(max_tokens=1, temperature=0.0), 0)
 
     def release(self, trajectory_id: str) -> None:
         """vLLM evicts cached blocks by LRU on its own; nothing to free explicitly."""

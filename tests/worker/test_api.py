@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import time
+from collections.abc import AsyncIterator, Callable
 
+import httpx
 import pytest
 
-from heddle.worker import Engine, EngineStats, Sampling, SimulatedEngine, StepOutput
+from heddle.worker import Engine, EngineStats, Sampling, SimulatedEngine, StepOutput, create_app
 
+from ._bad_requests import BAD_GENERATE_BODIES
 from .conftest import sim_perf, worker
 
 pytestmark = pytest.mark.anyio
@@ -136,13 +139,6 @@ async def test_state_and_metrics_report_what_happened(sim_engine: Build) -> None
         (
             "post",
             "/v1/trajectories/x/generate",
-            {"append_token_ids": [1], "sampling": {"temperature": -1}},
-            422,
-            "sampling.temperature: Input should be greater than or equal to 0",
-        ),
-        (
-            "post",
-            "/v1/trajectories/x/generate",
             {"append_token_ids": [1], "sampling": {"top_p": 2}},
             422,
             "sampling.top_p",
@@ -150,7 +146,7 @@ async def test_state_and_metrics_report_what_happened(sim_engine: Build) -> None
         (
             "post",
             "/v1/trajectories/x/generate",
-            {"append_token_ids": [1], "messages": []},
+            {"append_token_ids": [1], "messages": [{"role": "user", "content": "hi"}]},
             422,
             "give append_token_ids or messages, not both",
         ),
@@ -170,6 +166,37 @@ async def test_state_and_metrics_report_what_happened(sim_engine: Build) -> None
         ),
         ("put", "/v1/trajectories/x", {"token_ids": [1] * 4097}, 400, "max length 4096"),
         ("put", "/v1/trajectories/x", {"tokens": [1]}, 422, "token_ids: Field required"),
+        ("put", "/v1/trajectories/x", {"token_ids": []}, 422, "List should have at least 1 item"),
+        (
+            "put",
+            "/v1/trajectories/x",
+            {"token_ids": [5, 256]},
+            422,
+            "token_ids holds token id 256, outside the model's vocabulary [0, 256)",
+        ),
+        (
+            "post",
+            "/v1/trajectories/x/generate",
+            {"append_token_ids": [1, 256]},
+            422,
+            "append_token_ids holds token id 256, outside the model's vocabulary [0, 256)",
+        ),
+        (
+            "post",
+            "/v1/trajectories/x/generate",
+            {"append_token_ids": [1], "sampling": {"stop_token_ids": [10, 300]}},
+            422,
+            "sampling.stop_token_ids holds token id 300, outside the model's vocabulary [0, 256)",
+        ),
+        (
+            "post",
+            "/v1/trajectories/x/generate",
+            b"[1, 2]",
+            422,
+            "the request body must be a JSON object sent as application/json",
+        ),
+        ("get", "/v1/nothing", None, 404, "no endpoint GET /v1/nothing"),
+        ("patch", "/v1/trajectories/x", None, 405, "/v1/trajectories/x does not take PATCH"),
     ],
 )
 async def test_bad_input_gets_a_4xx_that_says_what_is_wrong(
@@ -221,7 +248,7 @@ async def test_an_engine_failure_answers_503_and_readiness_turns_false() -> None
 class StuckEngine(Engine):
     """Fakes an engine that never finishes a step until aborted."""
 
-    name, model, tp, max_model_len = "stuck", "none", 1, 1000
+    name, model, tp, max_model_len, vocab_size = "stuck", "none", 1, 1000, 1000
 
     def __init__(self) -> None:
         self.waiters: list[asyncio.Future[StepOutput]] = []
@@ -271,3 +298,160 @@ async def test_draining_refuses_new_steps_and_aborts_stuck_ones_after_the_grace(
         await drain
         aborted = await stuck
         assert aborted.status_code == 503 and "aborted this step" in aborted.json()["error"]
+
+
+@pytest.mark.parametrize(("body", "status", "message"), BAD_GENERATE_BODIES)
+async def test_out_of_range_sampling_is_refused_naming_the_field_and_its_range(
+    sim_engine: Build, body: str, status: int, message: str
+) -> None:
+    async with worker(sim_engine()) as client:
+        answer = await client.post(
+            "/v1/trajectories/x/generate",
+            content=body,
+            headers={"content-type": "application/json"},
+        )
+        assert answer.status_code == status, answer.text
+        assert message in answer.json()["error"]
+        # Refused before it reached the engine: nothing was created.
+        assert (await client.get("/v1/trajectories/x")).status_code == 404
+        assert (await client.get("/v1/state")).json()["generated_tokens"] == 0
+
+
+async def test_token_ids_at_the_vocabulary_edge_are_accepted(sim_engine: Build) -> None:
+    async with worker(sim_engine()) as client:
+        vocab = (await client.get("/v1/state")).json()["vocab_size"]
+        body = step([0, vocab - 1], sampling={"max_tokens": 2, "stop_token_ids": [vocab - 1]})
+        answer = await client.post("/v1/trajectories/edge/generate", json=body)
+        assert answer.status_code == 200, answer.text
+
+
+async def test_a_failed_step_leaves_the_context_as_it_was() -> None:
+    async with worker(BrokenEngine(sim_perf(), time_scale=0.01)) as client:
+        answer = await client.post("/v1/trajectories/t/generate", json=step([1] * 10))
+        assert answer.status_code == 503
+        # The step never happened: a retry elsewhere must not find half of it here.
+        assert (await client.get("/v1/trajectories/t")).status_code == 404
+
+
+async def test_error_answers_for_unmatched_routes_and_methods_are_json(sim_engine: Build) -> None:
+    async with worker(sim_engine()) as client:
+        answer = await client.post("/v1/trajectories/x")
+        assert answer.status_code == 405
+        assert answer.headers["content-type"] == "application/json"
+        assert "does not take POST; use one of" in answer.json()["error"]
+        assert "PUT" in answer.headers["allow"]
+
+
+@pytest.fixture
+async def small_limit(sim_engine: Build) -> AsyncIterator[httpx.AsyncClient]:
+    """A worker whose body limit is 1000 bytes."""
+    app = create_app(sim_engine(), grace_s=1.0, max_body_bytes=1000)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://worker") as client:
+            yield client
+
+
+async def test_a_body_over_the_limit_gets_413_with_the_json_error(
+    small_limit: httpx.AsyncClient,
+) -> None:
+    body = step([1] * 500)  # about 1.5 kB of JSON
+    answer = await small_limit.post("/v1/trajectories/big/generate", json=body)
+    assert answer.status_code == 413
+    assert "larger than this worker's limit of 1000 bytes" in answer.json()["error"]
+    assert "--max-body-mib" in answer.json()["error"]
+
+    async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: counted as it arrives
+        yield b'{"append_token_ids": ['
+        for _ in range(400):
+            yield b"1, "
+        yield b"1]}"
+
+    chunked = await small_limit.post(
+        "/v1/trajectories/big/generate",
+        content=chunks(),
+        headers={"content-type": "application/json"},
+    )
+    assert chunked.status_code == 413
+    assert "larger than this worker's limit" in chunked.json()["error"]
+    small = await small_limit.post("/v1/trajectories/small/generate", json=step([1] * 50))
+    assert small.status_code == 200
+    assert (await small_limit.get("/v1/trajectories/big")).status_code == 404
+
+
+async def test_the_default_body_limit_refuses_a_16_mib_body(sim_engine: Build) -> None:
+    async with worker(sim_engine()) as client:
+        body = {"messages": [{"role": "tool", "content": "x" * (16 * 2**20)}]}
+        answer = await client.post("/v1/trajectories/huge/generate", json=body)
+        assert answer.status_code == 413, answer.text[:200]
+
+
+LARGE_MESSAGE = {"role": "tool", "content": "x" * 20_000}  # small ones are tokenised in place
+
+
+class SlowTokenizer(SimulatedEngine):
+    """A simulated engine whose tokenizer blocks for a second, like a 10 MB prompt does."""
+
+    def encode(self, text: str) -> list[int]:
+        time.sleep(1.0)
+        return super().encode(text)
+
+
+async def test_tokenising_runs_off_the_event_loop_so_probes_keep_answering() -> None:
+    async with worker(SlowTokenizer(sim_perf(), time_scale=0.01)) as client:
+        body = {"messages": [LARGE_MESSAGE], "sampling": {"max_tokens": 2}}
+        stepping = asyncio.create_task(client.post("/v1/trajectories/s/generate", json=body))
+        gaps: list[float] = []
+        probes: list[int] = []
+        while not stepping.done():  # the loop's pauses and the probe's answers meanwhile
+            before = time.monotonic()
+            probes.append((await client.get("/readyz")).status_code)
+            await asyncio.sleep(0.01)
+            gaps.append(time.monotonic() - before)
+        assert (await stepping).status_code == 200
+        assert len(probes) > 10 and set(probes) == {200}
+        assert max(gaps) < 0.5  # the 1 s tokenisation never held the event loop
+
+
+async def test_a_trajectory_is_busy_while_its_messages_are_tokenised() -> None:
+    async with worker(SlowTokenizer(sim_perf(), time_scale=0.01)) as client:
+        body = {"messages": [LARGE_MESSAGE], "sampling": {"max_tokens": 2}}
+        stepping = asyncio.create_task(client.post("/v1/trajectories/s/generate", json=body))
+        await asyncio.sleep(0.2)
+        second = await client.post("/v1/trajectories/s/generate", json=body)
+        assert second.status_code == 409  # refused, not interleaved with the first
+        assert (await stepping).status_code == 200
+
+
+async def test_a_cancelled_step_leaves_the_simulated_batch(sim_engine: Build) -> None:
+    engine = sim_engine(time_scale=0.05)
+    async with worker(engine) as client:
+        # Over ASGI the client's cancellation reaches the handler as the disconnect would.
+        long = asyncio.create_task(client.post("/v1/trajectories/c/generate", json=step([1], 5000)))
+        await until(lambda: engine.stats().running == 1)
+        long.cancel()
+        await until(lambda: engine.stats().running == 0, timeout_s=2.0)
+        assert (await client.get("/v1/trajectories/c")).status_code == 404
+        again = await client.post("/v1/trajectories/c/generate", json=step([1], 4))
+        assert again.status_code == 200
+
+
+async def test_the_openapi_schema_documents_every_answer(sim_engine: Build) -> None:
+    async with worker(sim_engine()) as client:
+        spec = (await client.get("/openapi.json")).json()
+        metrics = await client.get("/metrics")
+    paths = spec["paths"]
+    error = {"$ref": "#/components/schemas/ErrorResponse"}
+    documented = {
+        ("/v1/trajectories/{trajectory_id}/generate", "post"): {400, 404, 409, 413, 422, 503},
+        ("/v1/trajectories/{trajectory_id}", "put"): {400, 409, 413, 422, 503},
+        ("/v1/trajectories/{trajectory_id}", "get"): {404},
+        ("/v1/trajectories/{trajectory_id}", "delete"): {404, 409},
+    }
+    for (path, method), statuses in documented.items():
+        responses = paths[path][method]["responses"]
+        for status in statuses:
+            assert responses[str(status)]["content"]["application/json"]["schema"] == error
+    assert "503" in paths["/readyz"]["get"]["responses"]
+    assert "text/plain" in paths["/metrics"]["get"]["responses"]["200"]["content"]
+    assert metrics.headers["content-type"].startswith("text/plain")

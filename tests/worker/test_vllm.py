@@ -5,6 +5,7 @@ Skipped only when vLLM is not installed; `.ci/run` installs it, so CI runs these
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -16,7 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from heddle.worker import THREADS_BIND
+
 from .._vllm import require_vllm
+from ._bad_requests import BAD_GENERATE_BODIES
 from .test_process import free_port
 
 require_vllm()
@@ -25,6 +29,8 @@ _PROCESSES: dict[str, subprocess.Popen[str]] = {}  # url -> worker process, for 
 
 
 def start_worker(model: Path, port: int, *extra: str) -> subprocess.Popen[str]:
+    """``heddle worker`` as a user starts it by hand (no binding of our own in its environment)."""
+    env = {k: v for k, v in os.environ.items() if k != THREADS_BIND}
     return subprocess.Popen(
         [
             sys.executable,
@@ -50,6 +56,7 @@ def start_worker(model: Path, port: int, *extra: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env=env,
     )
 
 
@@ -194,6 +201,97 @@ def test_an_overlong_context_is_refused_before_it_reaches_vllm(workers: tuple[st
         f"{url}/v1/trajectories/long/generate", json={"append_token_ids": [1] * 3000}, timeout=10
     )
     assert answer.status_code == 400 and "max length 2048" in answer.json()["error"]
+
+
+@pytest.mark.parametrize(("body", "status", "message"), BAD_GENERATE_BODIES)
+def test_bad_sampling_gets_the_same_4xx_as_on_the_sim_engine(
+    workers: tuple[str, str], body: str, status: int, message: str
+) -> None:
+    url, _ = workers
+    answer = httpx.post(
+        f"{url}/v1/trajectories/bad/generate",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    assert answer.status_code == status, answer.text
+    assert message in answer.json()["error"]
+    assert httpx.get(f"{url}/readyz", timeout=5).status_code == 200  # the engine is unharmed
+
+
+def test_token_ids_outside_the_vocabulary_get_422_not_503(workers: tuple[str, str]) -> None:
+    url, _ = workers
+    vocab = httpx.get(f"{url}/v1/state", timeout=5).json()["vocab_size"]
+    outside = [
+        {"append_token_ids": [5, vocab]},
+        {"append_token_ids": [5], "sampling": {"stop_token_ids": [vocab + 7]}},
+    ]
+    for body in outside:
+        answer = httpx.post(f"{url}/v1/trajectories/oov/generate", json=body, timeout=30)
+        assert answer.status_code == 422, answer.text
+        assert f"outside the model's vocabulary [0, {vocab})" in answer.json()["error"]
+    edge = {"append_token_ids": [5, vocab - 1], "sampling": {"max_tokens": 2}}
+    assert httpx.post(f"{url}/v1/trajectories/oov/generate", json=edge, timeout=60).is_success
+    put = httpx.put(f"{url}/v1/trajectories/oov2", json={"token_ids": [vocab]}, timeout=30)
+    assert put.status_code == 422
+
+
+def test_warm_imports_of_a_full_or_an_empty_context(workers: tuple[str, str]) -> None:
+    url, _ = workers
+    full = {"token_ids": [7] * 2048, "warm": True}  # exactly --max-model-len
+    answer = httpx.put(f"{url}/v1/trajectories/full", json=full, timeout=120)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["context_tokens"] == 2048
+    empty = httpx.put(f"{url}/v1/trajectories/empty", json={"token_ids": [], "warm": True})
+    assert empty.status_code == 422 and "at least 1 item" in empty.json()["error"]
+    assert httpx.get(f"{url}/readyz", timeout=5).status_code == 200
+
+
+def test_a_step_whose_client_disconnects_is_aborted_in_vllm(workers: tuple[str, str]) -> None:
+    url, _ = workers
+    body = {"append_token_ids": list(range(30, 60)), "sampling": sampling(1900)}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{url}/v1/trajectories/gone/generate", json=body, timeout=2.0)
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{url}/v1/state", timeout=5).json()["running"] > 0:
+        assert time.monotonic() < deadline, "the step kept running after its client left"
+        time.sleep(0.05)
+    assert httpx.get(f"{url}/v1/trajectories/gone", timeout=5).status_code == 404
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    assert 'route="POST /v1/trajectories/{trajectory_id}/generate",status="499"' in text
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def test_a_hand_started_worker_runs_vllm_with_heddle_runs_cpu_defaults(
+    workers: tuple[str, str],
+) -> None:
+    """vLLM's engine core (a child process) gets the binding `heddle run` gives its workers."""
+    url, _ = workers
+    environments = []
+    for pid in descendants(_PROCESSES[url].pid):
+        try:
+            raw = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        environments.append(dict(v.split("=", 1) for v in raw.decode().split("\0") if "=" in v))
+    assert environments, "the vLLM worker has no engine-core process"
+    for env in environments:
+        assert env.get(THREADS_BIND) == "0" and env.get("HF_HUB_OFFLINE") == "1"
 
 
 def test_sigterm_aborts_a_long_vllm_step_and_exits(workers: tuple[str, str]) -> None:

@@ -1,0 +1,57 @@
+"""The worker's OpenAPI schema is its contract: schemathesis checks a real sim worker against it.
+
+Bounded so it stays a unit-test-sized run: ``EXAMPLES`` requests per endpoint
+and generation mode (valid and invalid data), a fixed seed, and a time budget.
+Driven through hypothesis directly: schemathesis' pytest plugin does not run
+under this pytest.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis import GenerationMode
+from schemathesis.checks import positive_data_acceptance
+
+from .test_process import sim_worker
+
+EXAMPLES = 20
+# Every other check runs (server errors, documented statuses, content types, response
+# schemas, invalid data refused). This one expects every schema-valid request to
+# succeed, but some limits are facts of the running worker, not of the schema: the
+# vocabulary size, the model's max length, the trajectories it holds. Those answers
+# (400, 404, 422) are documented, which the status-code check does verify.
+NOT_APPLICABLE = [positive_data_acceptance]
+BUDGET_S = 45.0  # the whole run, well under a minute on a busy 2-core machine
+
+
+@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
+def test_every_answer_matches_the_schema(mode: GenerationMode) -> None:
+    with sim_worker("--time-scale", "0", "--max-model-len", "4096") as (_, url):
+        schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
+        started = time.monotonic()
+        operations = [result.ok() for result in schema.get_all_operations()]
+        assert len(operations) == 8  # every endpoint, so none drops out of the contract
+
+        for operation in operations:
+            if mode is GenerationMode.NEGATIVE and not operation.body:
+                continue  # nothing to get wrong: the path's id is any string, no body
+
+            @given(case=operation.as_strategy(generation_mode=mode))
+            @settings(
+                max_examples=EXAMPLES,
+                derandomize=True,
+                deadline=None,
+                phases=[Phase.explicit, Phase.generate],
+                suppress_health_check=list(HealthCheck),
+                database=None,
+            )
+            def check(case: Any) -> None:
+                case.call_and_validate(base_url=url, excluded_checks=NOT_APPLICABLE)
+
+            check()
+        assert time.monotonic() - started < BUDGET_S, "the contract run outgrew its budget"
