@@ -65,6 +65,6 @@ __all__ = [
     "create_app",
     "probe_vllm_import",
     "serve",
-    "vllm_environment_checks",
     "vllm_cpu_env",
+    "vllm_environment_checks",
 ]

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from heddle.scheduler import SAMPLING_LIMITS
+
 __all__ = [
     "FIELD_RANGES",
     "TOKEN_ID_FIELDS",
@@ -54,11 +56,14 @@ class Range:
         return Field(default, description=f"{description}; in {self}", **bounds)
 
 
-# vLLM's own limits (SamplingParams, the int64 fields of its engine-core messages).
-MAX_TOKENS = Range(1)
-TEMPERATURE = Range(0.0, 2.0, finite=True)
-TOP_P = Range(0.0, 1.0, low_exclusive=True, finite=True)
-SEED = Range(0, 2**64 - 1)
+# vLLM's own limits (SamplingParams, the int64 fields of its engine-core messages); the
+# numbers a RolloutJob may ask for are written once, in heddle.scheduler.SAMPLING_LIMITS.
+_L = SAMPLING_LIMITS
+MAX_TOKENS = Range(_L.max_tokens_min)
+TEMPERATURE = Range(_L.temperature_min, _L.temperature_max, finite=True)
+TOP_P = Range(_L.top_p_exclusive_min, _L.top_p_max, low_exclusive=True, finite=True)
+# Wider than a job's seed (int64): the engine's generator takes any unsigned 64-bit seed.
+SEED = Range(_L.seed_min, 2**64 - 1)
 PRIORITY = Range(-(2**63), 2**63 - 1)
 
 FIELD_RANGES: dict[str, Range] = {
