@@ -11,6 +11,7 @@ __all__ = [
     "HeddleError",
     "InfeasibleError",
     "ManifestError",
+    "OutputError",
     "TaskError",
     "ToolError",
     "WorkerError",
@@ -42,6 +43,11 @@ class InfeasibleError(HeddleError):
 
 class ManifestError(ConfigError):
     """A RolloutJob or EnginePool manifest is invalid (names the field, quotes the value)."""
+
+
+class OutputError(HeddleError):
+    """The output file cannot be used or written: held by another session, not a Heddle
+    output, or the disk refused a write (full, read-only, a bad path)."""
 
 
 class TaskError(ConfigError):

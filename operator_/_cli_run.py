@@ -14,6 +14,8 @@ from typing import Any
 
 from heddle.exceptions import ConfigError
 
+from ._paths import DATA_ROOT
+
 __all__ = ["add_run_parser"]
 
 TINY = "tiny"
@@ -158,6 +160,7 @@ def _cmd_operator(args: argparse.Namespace) -> int:
         liveness_endpoint=args.liveness,
         drain_timeout_s=args.drain_timeout,
         scan_cluster=not args.no_scan,
+        data_root=Path(args.data_root),
     )
     asyncio.run(run_operator(config))
     return 0
@@ -185,6 +188,12 @@ def add_operator_parser(sub: Any) -> None:
         type=float,
         default=600.0,
         help="seconds a draining instance may keep trajectories before it is deleted anyway",
+    )
+    p.add_argument(
+        "--data-root",
+        default=str(DATA_ROOT),
+        help="folder every path a RolloutJob names must lie in (tasks, workload, output); "
+        "relative paths resolve inside it (default: %(default)s)",
     )
     p.add_argument("--api-server", default=None, help="API server URL without auth (tests)")
     p.add_argument(

@@ -13,12 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from heddle.exceptions import ConfigError, ManifestError
 from heddle.scheduler import POLICIES, PoolShape, check_tp_sizes
 
 from ._fields import Fields
+from ._yaml import read_text, safe_load_all
 
 __all__ = [
     "API_VERSION",
@@ -319,12 +318,8 @@ def _tasks(t: Fields, environment: EnvironmentSpec) -> TasksSpec:
 
 def load_manifests(path: Path) -> list[dict[str, Any]]:
     """Every document of a YAML file, each checked for apiVersion and kind."""
-    try:
-        docs = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d is not None]
-    except OSError as exc:
-        raise ManifestError(f"cannot read {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ManifestError(f"{path} is not valid YAML: {exc}") from exc
+    text = read_text(path, "manifest", "fix the file name", ManifestError)
+    docs = [d for d in safe_load_all(text, str(path), ManifestError) if d is not None]
     for i, doc in enumerate(docs):
         if not isinstance(doc, dict):
             raise ManifestError(f"{path} document {i + 1} is not a mapping")

@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -41,7 +41,14 @@ from ._session import RolloutSession, SessionConfig, SessionResult
 from ._tasks import TaskSet, read_tasks
 from ._tools import ToolsEnvironment
 
-__all__ = ["LocalJob", "ProgressPrinter", "perf_model_for", "prepare_job", "run_local"]
+__all__ = [
+    "LocalJob",
+    "ProgressPrinter",
+    "job_workload",
+    "perf_model_for",
+    "prepare_job",
+    "run_local",
+]
 
 log = logging.getLogger("heddle.run")
 
@@ -71,7 +78,8 @@ def _pick(
     return found[0]
 
 
-def _workload(spec: RolloutJobSpec, base: Path) -> WorkloadSpec | None:
+def job_workload(spec: RolloutJobSpec, locate: Callable[[str], Path]) -> WorkloadSpec | None:
+    """The synthetic environment's workload: inline, a preset, or a file ``locate`` finds."""
     synthetic = spec.environment.synthetic
     if synthetic is None:
         return None
@@ -82,7 +90,7 @@ def _workload(spec: RolloutJobSpec, base: Path) -> WorkloadSpec | None:
     name = synthetic.workload
     if name in WORKLOAD_PRESETS:
         return load_workload(name)
-    return load_workload(str((base / name) if not Path(name).is_absolute() else Path(name)))
+    return load_workload(str(locate(name)))
 
 
 def prepare_job(
@@ -96,7 +104,7 @@ def prepare_job(
         _pick(pool_docs, "EnginePool", job.engine_pool, str(pool_path or job_path))
     )
     base = job_path.parent
-    workload = _workload(job, base)
+    workload = job_workload(job, lambda name: base / name)  # an absolute name stays as it is
     if job.tasks.inline is not None:
         tasks = read_tasks(inline=job.tasks.inline)
     elif job.tasks.path is not None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from heddle.exceptions import ConfigError
+from heddle.exceptions import OutputError
 from heddle.operator._output import OutputSink, record_key
 
 
@@ -45,5 +45,5 @@ def test_torn_last_line_is_cut_and_its_trajectory_runs_again(tmp_path: Path) -> 
 def test_corrupt_middle_line_stops_with_its_number(tmp_path: Path) -> None:
     path = tmp_path / "rollout.jsonl"
     path.write_text('{"task_id": "a", "sample": 0}\nhello\n{"task_id": "a", "sample": 1}\n')
-    with pytest.raises(ConfigError, match="line 2 is not a Heddle output record"):
+    with pytest.raises(OutputError, match="line 2 is not a Heddle output record"):
         OutputSink(path).open()
