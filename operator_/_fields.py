@@ -58,7 +58,9 @@ class Fields:
             raise ManifestError(f"{self.where(key)}={value!r}; choose one of {list(choices)}")
         return value
 
-    def integer(self, key: str, default: int | None = None, *, minimum: int = 0) -> int:
+    def integer(
+        self, key: str, default: int | None = None, *, minimum: int = 0, maximum: int | None = None
+    ) -> int:
         value = self.raw(key, default)
         if value is None:
             raise ManifestError(f"{self.where(key)} is required")
@@ -66,6 +68,8 @@ class Fields:
             raise ManifestError(f"{self.where(key)}={value!r} must be an integer")
         if value < minimum:
             raise ManifestError(f"{self.where(key)}={value} must be >= {minimum}")
+        if maximum is not None and value > maximum:
+            raise ManifestError(f"{self.where(key)}={value} must be <= {maximum}")
         return value
 
     def number(

@@ -25,7 +25,7 @@ from ._builders import condition, merge_conditions, now_iso
 from ._client import WorkerEndpoint
 from ._environments import synthetic_tasks
 from ._kube import CONFIGMAPS, ENGINEPOOLS, ROLLOUTJOBS, KubeClient
-from ._manifests import EnginePoolSpec, RolloutJobSpec
+from ._manifests import EnginePoolSpec, RolloutJobSpec, check_trajectories
 from ._output import OutputSink
 from ._paths import confine
 from ._pools import PoolRuntime
@@ -273,10 +273,13 @@ async def _run_session(
     tasks = await _tasks(ctx, job, files)
     local = LocalJob(job, pool, tasks, files.workload, files.output, ctx.data_root)
     synthetic = job.environment.synthetic
+    where = f"RolloutJob {job.name!r}"
     if synthetic is not None and not tasks.tasks and local.workload is not None:
+        check_trajectories(local.workload.prompts, job.samples_per_task, where)
         local.tasks = TaskSet(
             synthetic_tasks(local.workload.prompts, local.workload, synthetic.seed), []
         )
+    check_trajectories(len(local.tasks.tasks), job.samples_per_task, where)
     perf = perf_model_for(pool)
     key = (job.namespace, job.engine_pool)
     runtime = ctx.pools.setdefault(key, PoolRuntime())

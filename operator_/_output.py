@@ -64,6 +64,9 @@ class OutputSink:
         self.repaired_bytes = 0
 
     def open(self) -> set[str]:
+        """Lock, read what is there, open for appending; a second call returns the same keys."""
+        if self._fd is not None:
+            return set(self._written)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

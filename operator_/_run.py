@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from heddle.exceptions import ManifestError
+from heddle.exceptions import ManifestError, OutputError
 from heddle.scheduler import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,
@@ -33,7 +33,7 @@ from heddle.scheduler import (
 
 from ._environments import Environment, SyntheticEnvironment, synthetic_tasks
 from ._local import LocalPool, LocalWorkerOptions
-from ._manifests import EnginePoolSpec, RolloutJobSpec, load_manifests
+from ._manifests import EnginePoolSpec, RolloutJobSpec, check_trajectories, load_manifests
 from ._output import OutputSink
 from ._presets import WORKLOAD_PRESETS, load_workload
 from ._progress import Progress, SessionMetrics
@@ -117,6 +117,7 @@ def prepare_job(
         )
     else:
         assert workload is not None  # the manifest parser allows no tasks only for synthetic
+        check_trajectories(workload.prompts, job.samples_per_task, f"RolloutJob {job.name!r}")
         tasks = TaskSet(
             synthetic_tasks(
                 workload.prompts,
@@ -125,6 +126,7 @@ def prepare_job(
             ),
             [],
         )
+    check_trajectories(len(tasks.tasks), job.samples_per_task, f"RolloutJob {job.name!r}")
     output = Path(job.output_path)
     return LocalJob(
         job, pool, tasks, workload, output if output.is_absolute() else base / output, base
@@ -241,6 +243,9 @@ async def run_local(
         log.warning("skipping a malformed task: %s", error)
     perf = perf_model_for(local.pool)
     shape = plan_shape(local, perf)
+    # Locked and checked before any worker starts: a second run on this output stops here.
+    sink = OutputSink(local.output)
+    sink.open()
     pool = LocalPool(shape.tps(), options)
     try:
         workers = await pool.start()
@@ -250,7 +255,7 @@ async def run_local(
             samples_per_task=local.job.samples_per_task,
             environment=build_environment(local),
             workers=workers,
-            sink=OutputSink(local.output),
+            sink=sink,
             perf=perf,
             sampling=local.job.sampling,
             max_turns=local.job.max_turns,
@@ -263,8 +268,12 @@ async def run_local(
         )
         result = await session.run()
     finally:
+        sink.close()  # the session closed it already unless it never ran
         await asyncio.shield(pool.stop())
     summary = summary_of(local, shape, result, options.engine)
     summary_path = local.output.with_name(local.output.name + ".summary.json")
-    summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    try:
+        summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise OutputError(f"cannot write the summary {summary_path}: {exc.strerror}") from exc
     return summary, result

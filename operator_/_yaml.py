@@ -29,7 +29,7 @@ def read_text(path: Path, what: str, fix: str, error: type[ConfigError] = Config
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise error(
-            f"the {what} {path} is not UTF-8 text (line {line}, byte {exc.start}); "
+            f"the {what} {path} is not UTF-8 text (line {line}, byte {exc.start + 1}); "
             f"save it as UTF-8 or {fix}"
         ) from exc
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +50,67 @@ def test_corrupt_middle_line_stops_with_its_number(tmp_path: Path) -> None:
     path.write_text('{"task_id": "a", "sample": 0}\nhello\n{"task_id": "a", "sample": 1}\n')
     with pytest.raises(OutputError, match="line 2 is not a Heddle output record"):
         OutputSink(path).open()
+
+
+def test_a_second_sink_on_the_same_output_is_refused_naming_the_holder(tmp_path: Path) -> None:
+    path = tmp_path / "rollout.jsonl"
+    first = OutputSink(path)
+    first.open()
+    with pytest.raises(
+        OutputError, match=rf"in use by another Heddle session \(pid {os.getpid()}\)"
+    ):
+        OutputSink(path).open()
+    assert first.write(_record("a", 0))
+    first.close()
+    again = OutputSink(path)  # the lock went with the first session
+    assert again.open() == {record_key("a", 0)}
+    again.close()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"token-without-a-newline",
+        b"# notes\nlast line, no newline",
+        json.dumps(_record("a", 0)).encode() + b"\n" + b"not a record, torn or not",
+    ],
+)
+def test_a_file_that_is_not_an_output_is_refused_and_left_as_it_was(
+    tmp_path: Path, content: bytes
+) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_bytes(content)
+    with pytest.raises(OutputError, match="not a Heddle output record"):
+        OutputSink(path).open()
+    assert path.read_bytes() == content
+
+
+_FILL_DISK = """
+import resource, signal, sys
+from pathlib import Path
+from heddle.operator._output import OutputSink
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))
+sink = OutputSink(Path(sys.argv[1]))
+sink.open()
+for i in range(1000):
+    sink.write({"task_id": "t", "sample": i, "pad": "x" * 170})
+"""
+
+
+def test_a_write_the_disk_refuses_leaves_no_torn_record(tmp_path: Path) -> None:
+    path = tmp_path / "rollout.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-c", _FILL_DISK, str(path)], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("heddle.exceptions.OutputError: writing to the output"), proc.stderr
+    assert "File too large" in last
+    data = path.read_bytes()
+    assert 0 < len(data) <= 3000 and data.endswith(b"\n")
+    samples = [json.loads(line)["sample"] for line in data.splitlines()]
+    assert samples == list(range(len(samples)))
+    sink = OutputSink(path)  # and the next session resumes from it untouched
+    assert len(sink.open()) == len(samples) and sink.repaired_bytes == 0
+    sink.close()
