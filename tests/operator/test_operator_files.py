@@ -112,20 +112,27 @@ async def _phase(c: Any, name: str, phase: str) -> bool:
     return bool(((obj or {}).get("status") or {}).get("phase") == phase)
 
 
-async def test_unusable_outputs_fail_the_job_and_are_left_untouched(tmp_path: Path) -> None:
+async def test_unusable_outputs_and_inputs_fail_the_job_and_are_left_untouched(
+    tmp_path: Path,
+) -> None:
     (tmp_path / "plain").write_text("not a folder\n")
     (tmp_path / "notes.txt").write_text(f"my notes\n{SECRET}")  # no final newline: 'torn'?
     before = (tmp_path / "notes.txt").read_bytes()
+    (tmp_path / "tasks.jsonl").write_bytes(b'{"id": "a", "prompt": "\xff"}\n')
     small = _synthetic("quickstart")
     async with cluster(tmp_path) as c:
         await c.apply(pool("p", 1, [{"tp": 1, "replicas": 1}]))
         await c.apply(job("underfile", "p", tmp_path / "plain" / "out.jsonl", environment=small))
         await c.apply(job("notours", "p", tmp_path / "notes.txt", environment=small))
+        tasks = {"tasks": {"path": "tasks.jsonl"}, "environment": {"type": "tools"}}
+        await c.apply(job("latin1tasks", "p", tmp_path / "l.jsonl", **tasks))
         under = _condition(await _failed(c, "underfile", 120), "Complete")
         assert under["reason"] == "SessionFailed"
         assert "cannot create the output folder" in under["message"]
         notours = _condition(await _failed(c, "notours", 120), "Complete")
         assert "line 1 is not a Heddle output record" in notours["message"]
+        latin1 = _condition(await _failed(c, "latin1tasks", 120), "Complete")
+        assert f"the task file {tmp_path / 'tasks.jsonl'} is not UTF-8 text" in latin1["message"]
         seen = json.dumps([await c.list("rolloutjobs"), await c.list("events")])
     assert SECRET not in seen
     assert (tmp_path / "notes.txt").read_bytes() == before
