@@ -91,7 +91,8 @@ class OutputSink:
     def _lock(self) -> None:
         where = lock_path(self.path)
         try:
-            fd = os.open(where, os.O_RDWR | os.O_CREAT, 0o644)
+            # O_NOFOLLOW: a symlink planted here must not make us truncate what it points to.
+            fd = os.open(where, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
             raise OutputError(
                 f"cannot create the lock file {where}: {_reason(exc)}; {_FIX}"

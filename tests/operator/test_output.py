@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from heddle.exceptions import OutputError
-from heddle.operator._output import OutputSink, record_key
+from heddle.operator._output import OutputSink, lock_path, record_key
 
 
 def _record(task: str, sample: int) -> dict[str, object]:
@@ -114,3 +114,13 @@ def test_a_write_the_disk_refuses_leaves_no_torn_record(tmp_path: Path) -> None:
     sink = OutputSink(path)  # and the next session resumes from it untouched
     assert len(sink.open()) == len(samples) and sink.repaired_bytes == 0
     sink.close()
+
+
+def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(tmp_path: Path) -> None:
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me\n")
+    path = tmp_path / "rollout.jsonl"
+    lock_path(path).symlink_to(target)
+    with pytest.raises(OutputError, match=r"cannot create the lock file .*symbolic links"):
+        OutputSink(path).open()
+    assert target.read_text() == "keep me\n"
