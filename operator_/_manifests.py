@@ -354,13 +354,15 @@ def load_manifests(path: Path) -> list[dict[str, Any]]:
     for i, doc in enumerate(docs):
         if not isinstance(doc, dict):
             raise ManifestError(f"{path} document {i + 1} is not a mapping")
+        # Not quoted: until apiVersion and kind match, the file may be anything (a kubeconfig).
         if doc.get("apiVersion") != API_VERSION:
             raise ManifestError(
-                f"{path} document {i + 1}: apiVersion={doc.get('apiVersion')!r}; "
-                f"use {API_VERSION!r}"
+                f"{path} document {i + 1} is not a Heddle manifest; use {API_VERSION!r} "
+                "as its apiVersion"
             )
         if doc.get("kind") not in ("EnginePool", "RolloutJob"):
             raise ManifestError(
-                f"{path} document {i + 1}: kind={doc.get('kind')!r}; use EnginePool or RolloutJob"
+                f"{path} document {i + 1} is not a Heddle manifest; use kind EnginePool or "
+                "RolloutJob"
             )
     return docs

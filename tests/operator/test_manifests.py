@@ -216,3 +216,24 @@ def test_yaml_syntax_errors_give_a_position_not_the_text(tmp_path: Path) -> None
     with pytest.raises(ManifestError) as info:
         load_manifests(path)
     assert str(info.value) == f"{path} is not valid YAML at line 3, column 1"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "apiVersion: v1\nkind: Config\nusers: [{name: me, user: {token: s3cr3t}}]\n",
+        "apiVersion: s3cr3t\n",
+        "apiVersion: heddle.dev/v1alpha1\nkind: s3cr3t\n",
+        "s3cr3t\n",
+        "- s3cr3t\n",
+    ],
+)
+def test_a_file_that_is_not_a_manifest_is_refused_without_quoting_it(
+    tmp_path: Path, text: str
+) -> None:
+    path = tmp_path / "config"
+    path.write_text(text)
+    with pytest.raises(ManifestError) as info:
+        load_manifests(path)
+    assert "s3cr3t" not in str(info.value)
+    assert "is not a Heddle manifest" in str(info.value) or "is not a mapping" in str(info.value)
