@@ -292,7 +292,7 @@ async def _run_session(
         samples_per_task=job.samples_per_task,
         environment=build_environment(local),
         workers=list(workers.values()),
-        sink=OutputSink(local.output),
+        sink=OutputSink(local.output, follow_symlinks=False),
         perf=perf,
         sampling=job.sampling,
         max_turns=job.max_turns,

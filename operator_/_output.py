@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import re
+import stat
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -54,8 +55,13 @@ def _reason(exc: OSError) -> str:
 class OutputSink:
     """Appends records to ``path``; :meth:`open` returns the keys already written."""
 
-    def __init__(self, path: Path, *, fsync_interval_s: float = 1.0) -> None:
+    def __init__(
+        self, path: Path, *, fsync_interval_s: float = 1.0, follow_symlinks: bool = True
+    ) -> None:
         self.path = path
+        # The operator passes False: its path was resolved inside the data root, so a
+        # symlink there now was put in since, to redirect the writes elsewhere.
+        self._nofollow = 0 if follow_symlinks else os.O_NOFOLLOW
         self.fsync_interval_s = fsync_interval_s
         self._fd: int | None = None
         self._lock_fd: int | None = None
@@ -75,16 +81,22 @@ class OutputSink:
             ) from exc
         self._lock()
         try:
-            done = self._scan()
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            # One descriptor reads, repairs and appends: the file checked is the file written.
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | self._nofollow, 0o644)
         except OSError as exc:
             self._unlock()
             raise OutputError(
                 f"cannot open the output {self.path}: {_reason(exc)}; {_FIX}"
             ) from exc
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OutputError(f"the output {self.path} is not a regular file; {_FIX}")
+            done = self._scan(fd)
         except BaseException:
+            os.close(fd)
             self._unlock()
             raise
+        self._fd = fd
         self._written = set(done)
         return done
 
@@ -119,10 +131,9 @@ class OutputSink:
             os.close(self._lock_fd)  # closing releases the flock
             self._lock_fd = None
 
-    def _scan(self) -> set[str]:
-        if not self.path.exists():
-            return set()
-        data = self.path.read_bytes()
+    def _scan(self, fd: int) -> set[str]:
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read()
         end = data.rfind(b"\n") + 1
         done: set[str] = set()
         for number, line in enumerate(data[:end].split(b"\n"), start=1):
@@ -152,8 +163,7 @@ class OutputSink:
                 self.path,
                 self.repaired_bytes,
             )
-            with self.path.open("r+b") as f:
-                f.truncate(end)
+            os.ftruncate(fd, end)
         return done
 
     @staticmethod

@@ -124,3 +124,21 @@ def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(tmp_path: Pat
     with pytest.raises(OutputError, match=r"cannot create the lock file .*symbolic links"):
         OutputSink(path).open()
     assert target.read_text() == "keep me\n"
+
+
+def test_without_following_symlinks_a_swapped_in_link_is_refused(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_text(json.dumps(_record("x", 0)) + "\n")
+    before = elsewhere.read_bytes()
+    path = tmp_path / "rollout.jsonl"
+    path.symlink_to(elsewhere)
+    with pytest.raises(OutputError, match=r"cannot open the output .*symbolic links"):
+        OutputSink(path, follow_symlinks=False).open()
+    assert elsewhere.read_bytes() == before
+    sink = OutputSink(path)  # local mode: the user's own link is followed
+    assert sink.open() == {record_key("x", 0)}
+    sink.close()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)  # reading it would wait for ever
+    with pytest.raises(OutputError, match="is not a regular file"):
+        OutputSink(fifo).open()
