@@ -12,6 +12,7 @@ __all__ = [
     "HeddleError",
     "InfeasibleError",
     "ManifestError",
+    "OutputError",
     "StepFailedError",
     "TaskError",
     "ToolError",
@@ -44,6 +45,11 @@ class InfeasibleError(HeddleError):
 
 class ManifestError(ConfigError):
     """A RolloutJob or EnginePool manifest is invalid (names the field, quotes the value)."""
+
+
+class OutputError(HeddleError):
+    """The output file cannot be used or written: held by another session, not a Heddle
+    output, or the disk refused a write (full, read-only, a bad path)."""
 
 
 class TaskError(ConfigError):

@@ -478,6 +478,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HeddleError as exc:
         print(f"heddle: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # not Heddle's own (a full disk, a bad path): one sentence, no traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"heddle: error: {exc.strerror or type(exc).__name__}{where}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("heddle: interrupted", file=sys.stderr)
         return 130

@@ -14,6 +14,8 @@ from typing import Any
 
 from heddle.exceptions import ConfigError
 
+from ._paths import DATA_ROOT
+
 __all__ = ["add_run_parser"]
 
 TINY = "tiny"
@@ -188,6 +190,7 @@ def _cmd_operator(args: argparse.Namespace) -> int:
             if args.tool_allowed_hosts is not None
             else HostAllowList.from_env()
         ),
+        data_root=Path(args.data_root),
     )
     asyncio.run(run_operator(config))
     return 0
@@ -222,6 +225,12 @@ def add_operator_parser(sub: Any) -> None:
         metavar="LIST",
         help="hosts, *.suffixes and CIDRs tool calls may reach, comma-separated "
         "(default: $HEDDLE_TOOL_ALLOWED_HOSTS; unset: any)",
+    )
+    p.add_argument(
+        "--data-root",
+        default=str(DATA_ROOT),
+        help="folder every path a RolloutJob names must lie in (tasks, workload, output); "
+        "relative paths resolve inside it (default: %(default)s)",
     )
     p.add_argument("--api-server", default=None, help="API server URL without auth (tests)")
     p.add_argument(

@@ -71,6 +71,8 @@ class Fields:
             raise ManifestError(f"{self.where(key)}={value} must be in [{minimum}, {maximum}]")
         if value < minimum:
             raise ManifestError(f"{self.where(key)}={value} must be >= {minimum}")
+        if maximum is not None and value > maximum:
+            raise ManifestError(f"{self.where(key)}={value} must be <= {maximum}")
         return value
 
     def number(

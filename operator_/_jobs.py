@@ -19,17 +19,19 @@ from pathlib import Path
 from typing import Any
 
 from heddle.exceptions import HeddleError, ManifestError
+from heddle.scheduler import WorkloadSpec
 
 from ._builders import condition, merge_conditions, now_iso
 from ._client import WorkerEndpoint
 from ._environments import synthetic_tasks
 from ._hosts import HostAllowList, check_tool_hosts
 from ._kube import CONFIGMAPS, ENGINEPOOLS, ROLLOUTJOBS, KubeClient
-from ._manifests import EnginePoolSpec, RolloutJobSpec
+from ._manifests import EnginePoolSpec, RolloutJobSpec, check_trajectories
 from ._output import OutputSink
+from ._paths import confine
 from ._pools import PoolRuntime
 from ._progress import Progress, SessionMetrics
-from ._run import LocalJob, build_environment, perf_model_for, plan_shape
+from ._run import LocalJob, build_environment, job_workload, perf_model_for, plan_shape
 from ._session import RolloutSession, SessionConfig
 from ._tasks import TaskSet, read_tasks
 
@@ -48,9 +50,50 @@ class JobContext:
     sessions: dict[tuple[str, str], RolloutSession]  # by (namespace, pool)
     metrics: SessionMetrics
     session_config: SessionConfig
+    data_root: Path  # every path a job names lies under it
     status_interval_s: float = 1.0
     poll_s: float = 1.0
     tool_hosts: HostAllowList | None = None  # where tool calls may go; None: anywhere
+
+
+@dataclass(frozen=True)
+class _Files:
+    """A job's paths, confined to the data root, and its workload (read once, up front)."""
+
+    output: Path
+    tasks: Path | None
+    workload: WorkloadSpec | None
+
+
+def _files(ctx: JobContext, job: RolloutJobSpec) -> _Files:
+    root = ctx.data_root
+    output = confine(job.output_path, root, "spec.output.path")
+    tasks = confine(job.tasks.path, root, "spec.tasks.path") if job.tasks.path else None
+    workload = job_workload(
+        job, lambda name: confine(name, root, "spec.environment.synthetic.workload")
+    )
+    return _Files(output, tasks, workload)
+
+
+async def _output_holder(ctx: JobContext, body: Mapping[str, Any], output: Path) -> str | None:
+    """The name of an earlier unfinished job of the namespace writing to the same output."""
+    meta = body["metadata"]
+    mine = (meta.get("creationTimestamp", ""), meta["name"])
+    for other in await ctx.kube.list(ROLLOUTJOBS, meta.get("namespace", "default")):
+        m = other["metadata"]
+        path = ((other.get("spec") or {}).get("output") or {}).get("path")
+        if (
+            m["name"] == meta["name"]
+            or not isinstance(path, str)
+            or (other.get("status") or {}).get("phase") in FINISHED
+            or m.get("deletionTimestamp")
+            or (m.get("creationTimestamp", ""), m["name"]) > mine
+        ):
+            continue
+        with contextlib.suppress(ManifestError, ValueError, OSError):
+            if confine(path, ctx.data_root, "spec.output.path") == output:
+                return str(m["name"])
+    return None
 
 
 class _Status:
@@ -123,11 +166,11 @@ async def _first_in_queue(ctx: JobContext, body: Mapping[str, Any], pool: str) -
     return None
 
 
-async def _tasks(ctx: JobContext, job: RolloutJobSpec) -> TaskSet:
+async def _tasks(ctx: JobContext, job: RolloutJobSpec, files: _Files) -> TaskSet:
     if job.tasks.inline is not None:
         return read_tasks(inline=job.tasks.inline)
-    if job.tasks.path is not None:
-        return read_tasks(path=Path(job.tasks.path))
+    if files.tasks is not None:
+        return read_tasks(path=files.tasks)
     if job.tasks.config_map is not None:
         name, key = job.tasks.config_map
         cm = await ctx.kube.get(CONFIGMAPS, job.namespace, name)
@@ -168,8 +211,16 @@ async def run_job(
     try:
         job = RolloutJobSpec.from_manifest(body)
         check_tool_hosts(job, ctx.tool_hosts)
-    except ManifestError as exc:
+        files = _files(ctx, job)
+    except HeddleError as exc:
         await status.write("Failed", [condition("Valid", False, "InvalidSpec", str(exc))])
+        return
+    holder = await _output_holder(ctx, body, files.output)
+    if holder is not None:
+        await status.write("Failed", [condition("Valid", False, "OutputInUse",
+            f"RolloutJob {holder!r} writes to the same spec.output.path {job.output_path!r}; "
+            "give this job its own output path",
+        )])  # fmt: skip
         return
     valid = condition("Valid", True, "SpecValid", "the spec is valid")
     # Wait for the pool and for our turn on it.
@@ -199,15 +250,22 @@ async def run_job(
         return
     assert pool_body is not None
     try:
-        await _run_session(ctx, job, pool_body, status, stopped, sleep, valid)
-    except (ManifestError, HeddleError) as exc:
+        await _run_session(ctx, job, files, pool_body, status, stopped, sleep, valid)
+    except HeddleError as exc:
         await status.write("Failed", [condition("Complete", False, "SessionFailed", str(exc))],
                            completionTime=now_iso())  # fmt: skip
+    except Exception as exc:  # not Heddle's own: fail the job rather than let kopf retry forever
+        log.error("RolloutJob %s/%s failed", job.namespace, job.name, exc_info=True)
+        await status.write("Failed", [condition("Complete", False, "InternalError",
+            f"the session stopped on an unexpected {type(exc).__name__}; "
+            "the operator's log has the details",
+        )], completionTime=now_iso())  # fmt: skip
 
 
 async def _run_session(
     ctx: JobContext,
     job: RolloutJobSpec,
+    files: _Files,
     pool_body: Mapping[str, Any],
     status: _Status,
     stopped: Callable[[], bool],
@@ -215,19 +273,16 @@ async def _run_session(
     valid: dict[str, str],
 ) -> None:
     pool = EnginePoolSpec.from_manifest(pool_body)
-    tasks = await _tasks(ctx, job)
-    local = LocalJob(job, pool, tasks, None, Path(job.output_path), Path("."))
-    if job.environment.synthetic is not None:
-        from ._run import _workload  # noqa: PLC0415
-
-        local.workload = _workload(job, Path("."))
-        if not tasks.tasks and local.workload is not None:
-            local.tasks = TaskSet(
-                synthetic_tasks(
-                    local.workload.prompts, local.workload, job.environment.synthetic.seed
-                ),
-                [],
-            )
+    tasks = await _tasks(ctx, job, files)
+    local = LocalJob(job, pool, tasks, files.workload, files.output, ctx.data_root)
+    synthetic = job.environment.synthetic
+    where = f"RolloutJob {job.name!r}"
+    if synthetic is not None and not tasks.tasks and local.workload is not None:
+        check_trajectories(local.workload.prompts, job.samples_per_task, where)
+        local.tasks = TaskSet(
+            synthetic_tasks(local.workload.prompts, local.workload, synthetic.seed), []
+        )
+    check_trajectories(len(local.tasks.tasks), job.samples_per_task, where)
     perf = perf_model_for(pool)
     key = (job.namespace, job.engine_pool)
     runtime = ctx.pools.setdefault(key, PoolRuntime())
@@ -240,7 +295,7 @@ async def _run_session(
         samples_per_task=job.samples_per_task,
         environment=build_environment(local),
         workers=list(workers.values()),
-        sink=OutputSink(local.output),
+        sink=OutputSink(local.output, follow_symlinks=False),
         perf=perf,
         sampling=job.sampling,
         max_turns=job.max_turns,

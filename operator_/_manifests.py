@@ -8,20 +8,22 @@ documents each one.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from heddle.exceptions import ConfigError, ManifestError
 from heddle.scheduler import POLICIES, SAMPLING_LIMITS, PoolShape, check_tp_sizes
 
 from ._fields import Fields
+from ._yaml import read_text, safe_load_all
 
 __all__ = [
     "API_VERSION",
+    "MAX_SAMPLES_PER_TASK",
+    "MAX_TRAJECTORIES",
     "EnginePoolSpec",
     "EnvironmentSpec",
     "RolloutJobSpec",
@@ -29,10 +31,16 @@ __all__ = [
     "SyntheticSpec",
     "ToolEndpointSpec",
     "ToolsSpec",
+    "check_trajectories",
     "load_manifests",
 ]
 
 API_VERSION = "heddle.dev/v1alpha1"
+MAX_SAMPLES_PER_TASK = 1024  # also the CRD schema's maximum (a test keeps them equal)
+MAX_TRAJECTORIES = 1_000_000  # tasks x samples of one job: the session holds each in memory
+# metadata.name as Kubernetes checks it (a DNS-1123 subdomain); namespaces are labels.
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 TOOL_PARSERS = ("hermes",)
 ON_TOOL_ERROR = ("message", "fail")
 
@@ -40,7 +48,27 @@ ON_TOOL_ERROR = ("message", "fail")
 def _metadata(doc: Mapping[str, Any], kind: str) -> tuple[str, str]:
     meta = Fields(doc.get("metadata"), f"{kind}.metadata")
     name = meta.string("name", required=True)
-    return name, meta.string("namespace", "default")
+    namespace = meta.string("namespace", "default")
+    if len(name) > 253 or not _NAME.fullmatch(name):
+        raise ManifestError(
+            f"{kind}.metadata.name={name!r} is not a valid Kubernetes name; use at most 253 "
+            "lower-case letters, digits, '-' and '.', starting and ending with a letter or digit"
+        )
+    if len(namespace) > 63 or not _LABEL.fullmatch(namespace):
+        raise ManifestError(
+            f"{kind}.metadata.namespace={namespace!r} is not a valid namespace; use at most 63 "
+            "lower-case letters, digits and '-', starting and ending with a letter or digit"
+        )
+    return name, namespace
+
+
+def check_trajectories(tasks: int, samples_per_task: int, where: str) -> None:
+    """Refuse a job too large for one session to hold (tasks x samples)."""
+    if tasks * samples_per_task > MAX_TRAJECTORIES:
+        raise ManifestError(
+            f"{where}: {tasks} tasks x {samples_per_task} samples is more than "
+            f"{MAX_TRAJECTORIES:,} trajectories in one job; split it into several jobs"
+        )
 
 
 @dataclass(frozen=True)
@@ -303,7 +331,9 @@ class RolloutJobSpec:
             namespace=namespace,
             engine_pool=f.string("enginePool", required=True),
             tasks=tasks,
-            samples_per_task=f.integer("samplesPerTask", 1, minimum=1),
+            samples_per_task=f.integer(
+                "samplesPerTask", 1, minimum=1, maximum=MAX_SAMPLES_PER_TASK
+            ),
             sampling=sampling,
             environment=environment,
             max_turns=f.integer("maxTurns", 8, minimum=1),
@@ -342,22 +372,20 @@ def _tasks(t: Fields, environment: EnvironmentSpec) -> TasksSpec:
 
 def load_manifests(path: Path) -> list[dict[str, Any]]:
     """Every document of a YAML file, each checked for apiVersion and kind."""
-    try:
-        docs = [d for d in yaml.safe_load_all(path.read_text(encoding="utf-8")) if d is not None]
-    except OSError as exc:
-        raise ManifestError(f"cannot read {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ManifestError(f"{path} is not valid YAML: {exc}") from exc
+    text = read_text(path, "manifest", "fix the file name", ManifestError)
+    docs = [d for d in safe_load_all(text, str(path), ManifestError) if d is not None]
     for i, doc in enumerate(docs):
         if not isinstance(doc, dict):
             raise ManifestError(f"{path} document {i + 1} is not a mapping")
+        # Not quoted: until apiVersion and kind match, the file may be anything (a kubeconfig).
         if doc.get("apiVersion") != API_VERSION:
             raise ManifestError(
-                f"{path} document {i + 1}: apiVersion={doc.get('apiVersion')!r}; "
-                f"use {API_VERSION!r}"
+                f"{path} document {i + 1} is not a Heddle manifest; use {API_VERSION!r} "
+                "as its apiVersion"
             )
         if doc.get("kind") not in ("EnginePool", "RolloutJob"):
             raise ManifestError(
-                f"{path} document {i + 1}: kind={doc.get('kind')!r}; use EnginePool or RolloutJob"
+                f"{path} document {i + 1} is not a Heddle manifest; use kind EnginePool or "
+                "RolloutJob"
             )
     return docs

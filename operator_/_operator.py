@@ -13,6 +13,7 @@ import asyncio
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -21,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, start_http_server
 from ._hosts import HostAllowList
 from ._jobs import JobContext, run_job
 from ._kube import KubeClient
+from ._paths import DATA_ROOT
 from ._pools import PoolRuntime, reconcile_pool
 from ._progress import SessionMetrics
 from ._session import SessionConfig
@@ -43,6 +45,7 @@ class OperatorConfig:
     metrics_port: int | None = 9090  # Prometheus /metrics of the operator; None: off
     liveness_endpoint: str | None = None  # e.g. http://0.0.0.0:8080/healthz (kopf's probe)
     scan_cluster: bool = True  # let kopf watch namespaces and CRDs appear (needs list RBAC)
+    data_root: Path = DATA_ROOT  # every path a RolloutJob names must lie under it
     session: SessionConfig = field(default_factory=SessionConfig)
     tool_hosts: HostAllowList | None = None  # where tool calls may go; None: anywhere
 
@@ -151,6 +154,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
             state.sessions,
             state.metrics,
             config.session,
+            data_root=config.data_root,
             status_interval_s=config.status_interval_s,
             tool_hosts=config.tool_hosts,
         )

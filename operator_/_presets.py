@@ -20,6 +20,8 @@ from heddle.scheduler import (
     trace_bench,
 )
 
+from ._yaml import read_text, safe_load_all
+
 __all__ = ["WORKLOAD_PRESETS", "load_bench_workload", "load_cluster", "load_workload"]
 
 WORKLOAD_PRESETS = ("coding", "search", "math", "flat", "pareto", "bimodal", "quickstart")
@@ -36,10 +38,11 @@ def _read(name_or_path: str, presets: dict[str, str], kind: str) -> tuple[Any, s
             f"{kind} {name_or_path!r} is neither a preset ({', '.join(sorted(presets))}) "
             "nor a readable file"
         )
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8")), str(path)
-    except yaml.YAMLError as exc:
-        raise WorkloadError(f"{path}: not valid YAML: {exc}") from exc
+    content = read_text(path, f"{kind} file", f"fix the {kind} path", WorkloadError)
+    docs = safe_load_all(content, f"{kind} file {path}", WorkloadError)
+    if len(docs) != 1:
+        raise WorkloadError(f"{kind} file {path} holds {len(docs)} YAML documents; give one")
+    return docs[0], str(path)
 
 
 def load_workload(name_or_path: str) -> WorkloadSpec:

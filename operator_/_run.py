@@ -13,12 +13,12 @@ import asyncio
 import json
 import logging
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from heddle.exceptions import ManifestError
+from heddle.exceptions import ManifestError, OutputError
 from heddle.scheduler import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,
@@ -34,7 +34,7 @@ from heddle.scheduler import (
 from ._environments import Environment, SyntheticEnvironment, synthetic_tasks
 from ._hosts import HostAllowList, check_tool_hosts
 from ._local import LocalPool, LocalWorkerOptions
-from ._manifests import EnginePoolSpec, RolloutJobSpec, load_manifests
+from ._manifests import EnginePoolSpec, RolloutJobSpec, check_trajectories, load_manifests
 from ._output import OutputSink
 from ._presets import WORKLOAD_PRESETS, load_workload
 from ._progress import Progress, SessionMetrics
@@ -42,7 +42,14 @@ from ._session import RolloutSession, SessionConfig, SessionResult
 from ._tasks import TaskSet, read_tasks
 from ._tools import ToolsEnvironment
 
-__all__ = ["LocalJob", "ProgressPrinter", "perf_model_for", "prepare_job", "run_local"]
+__all__ = [
+    "LocalJob",
+    "ProgressPrinter",
+    "job_workload",
+    "perf_model_for",
+    "prepare_job",
+    "run_local",
+]
 
 log = logging.getLogger("heddle.run")
 
@@ -72,7 +79,8 @@ def _pick(
     return found[0]
 
 
-def _workload(spec: RolloutJobSpec, base: Path) -> WorkloadSpec | None:
+def job_workload(spec: RolloutJobSpec, locate: Callable[[str], Path]) -> WorkloadSpec | None:
+    """The synthetic environment's workload: inline, a preset, or a file ``locate`` finds."""
     synthetic = spec.environment.synthetic
     if synthetic is None:
         return None
@@ -83,7 +91,7 @@ def _workload(spec: RolloutJobSpec, base: Path) -> WorkloadSpec | None:
     name = synthetic.workload
     if name in WORKLOAD_PRESETS:
         return load_workload(name)
-    return load_workload(str((base / name) if not Path(name).is_absolute() else Path(name)))
+    return load_workload(str(locate(name)))
 
 
 def prepare_job(
@@ -98,7 +106,7 @@ def prepare_job(
         _pick(pool_docs, "EnginePool", job.engine_pool, str(pool_path or job_path))
     )
     base = job_path.parent
-    workload = _workload(job, base)
+    workload = job_workload(job, lambda name: base / name)  # an absolute name stays as it is
     if job.tasks.inline is not None:
         tasks = read_tasks(inline=job.tasks.inline)
     elif job.tasks.path is not None:
@@ -111,6 +119,7 @@ def prepare_job(
         )
     else:
         assert workload is not None  # the manifest parser allows no tasks only for synthetic
+        check_trajectories(workload.prompts, job.samples_per_task, f"RolloutJob {job.name!r}")
         tasks = TaskSet(
             synthetic_tasks(
                 workload.prompts,
@@ -119,6 +128,7 @@ def prepare_job(
             ),
             [],
         )
+    check_trajectories(len(tasks.tasks), job.samples_per_task, f"RolloutJob {job.name!r}")
     output = Path(job.output_path)
     return LocalJob(
         job, pool, tasks, workload, output if output.is_absolute() else base / output, base
@@ -249,6 +259,9 @@ async def run_local(
         log.warning("skipping a malformed task: %s", error)
     perf = perf_model_for(local.pool)
     shape = plan_shape(local, perf)
+    # Locked and checked before any worker starts: a second run on this output stops here.
+    sink = OutputSink(local.output)
+    sink.open()
     pool = LocalPool(shape.tps(), options)
     try:
         workers = await pool.start()
@@ -258,7 +271,7 @@ async def run_local(
             samples_per_task=local.job.samples_per_task,
             environment=build_environment(local),
             workers=workers,
-            sink=OutputSink(local.output),
+            sink=sink,
             perf=perf,
             sampling=local.job.sampling,
             max_turns=local.job.max_turns,
@@ -271,8 +284,12 @@ async def run_local(
         )
         result = await session.run()
     finally:
+        sink.close()  # the session closed it already unless it never ran
         await asyncio.shield(pool.stop())
     summary = summary_of(local, shape, result, options.engine)
     summary_path = local.output.with_name(local.output.name + ".summary.json")
-    summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    try:
+        summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise OutputError(f"cannot write the summary {summary_path}: {exc.strerror}") from exc
     return summary, result

@@ -17,6 +17,8 @@ from typing import Any
 
 from heddle.exceptions import ManifestError, TaskError
 
+from ._yaml import read_text
+
 __all__ = ["Task", "TaskSet", "parse_task", "read_tasks"]
 
 _ROLES = ("system", "user", "assistant", "tool")
@@ -40,26 +42,26 @@ class TaskSet:
 def parse_task(raw: Any, where: str, default_id: str) -> Task:
     """One task entry; raises :class:`TaskError` naming ``where`` and the fault."""
     if not isinstance(raw, Mapping):
-        raise TaskError(where, f"a task must be a JSON object, got {type(raw).__name__}")
-    unknown = sorted(set(raw) - {"id", "messages", "prompt", "system", "metadata"})
+        raise TaskError(where, f"a task must be a JSON object, got {_kind(raw)}")
+    unknown = set(raw) - {"id", "messages", "prompt", "system", "metadata"}
     if unknown:
         raise TaskError(
-            where, f"unknown field(s) {unknown}; use id, messages|prompt, system, metadata"
+            where, f"{len(unknown)} unknown field(s); use id, messages|prompt, system, metadata"
         )
     task_id = raw.get("id", default_id)
     if not isinstance(task_id, str | int) or isinstance(task_id, bool) or str(task_id) == "":
-        raise TaskError(where, f"id={task_id!r} must be a non-empty string or an integer")
+        raise TaskError(where, f"id must be a non-empty string or an integer, got {_kind(task_id)}")
     if ("messages" in raw) == ("prompt" in raw):
         raise TaskError(where, "give either messages (a list) or prompt (a string)")
     messages: list[Mapping[str, str]] = []
     system = raw.get("system")
     if system is not None:
         if not isinstance(system, str):
-            raise TaskError(where, f"system={system!r} must be a string")
+            raise TaskError(where, f"system must be a string, got {_kind(system)}")
         messages.append({"role": "system", "content": system})
     if "prompt" in raw:
         if not isinstance(raw["prompt"], str) or not raw["prompt"]:
-            raise TaskError(where, f"prompt={raw['prompt']!r} must be a non-empty string")
+            raise TaskError(where, "prompt must be a non-empty string")
         messages.append({"role": "user", "content": raw["prompt"]})
     else:
         listed = raw["messages"]
@@ -67,7 +69,7 @@ def parse_task(raw: Any, where: str, default_id: str) -> Task:
             raise TaskError(where, "messages must be a non-empty list of {role, content}")
         for i, m in enumerate(listed):
             if not isinstance(m, Mapping) or set(m) != {"role", "content"}:
-                raise TaskError(where, f"messages[{i}]={m!r} must have exactly role and content")
+                raise TaskError(where, f"messages[{i}] must have exactly role and content")
             if m["role"] not in _ROLES or not isinstance(m["content"], str):
                 raise TaskError(
                     where, f"messages[{i}]: role must be one of {list(_ROLES)} and content a string"
@@ -75,8 +77,13 @@ def parse_task(raw: Any, where: str, default_id: str) -> Task:
             messages.append({"role": m["role"], "content": m["content"]})
     metadata = raw.get("metadata", {})
     if not isinstance(metadata, Mapping):
-        raise TaskError(where, f"metadata={metadata!r} must be an object")
+        raise TaskError(where, f"metadata must be an object, got {_kind(metadata)}")
     return Task(str(task_id), tuple(messages), dict(metadata))
+
+
+def _kind(value: Any) -> str:
+    # Values are never quoted: the file may not be a task file at all (docs/rollouts.md).
+    return "null" if value is None else f"a {type(value).__name__}"
 
 
 def _collect(entries: Iterable[tuple[str, str, Any]]) -> TaskSet:
@@ -97,7 +104,9 @@ def _collect(entries: Iterable[tuple[str, str, Any]]) -> TaskSet:
 
 
 def _lines(text: str, source: str) -> Iterable[tuple[str, str, Any]]:
-    for number, line in enumerate(text.splitlines(), start=1):
+    # JSONL lines end at "\n" only: splitlines() would also split at U+2028 or U+0085,
+    # which JSON allows unescaped inside strings.
+    for number, line in enumerate(text.removeprefix("\ufeff").split("\n"), start=1):
         if not line.strip():
             continue
         where = f"{source} line {number}"
@@ -122,12 +131,7 @@ def read_tasks(
     source = "tasks"
     if path is not None:
         source = str(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ManifestError(
-                f"cannot read the task file {path}: {exc.strerror}; fix spec.tasks.path"
-            ) from exc
+        text = read_text(path, "task file", "fix spec.tasks.path", ManifestError)
     if text is None:
         raise ManifestError("no task source given")
     entries = list(_lines(text, source))

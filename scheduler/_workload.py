@@ -32,7 +32,8 @@ LENGTH_FAMILIES = ("lognormal", "pareto", "bimodal")
 
 def _take(data: Any, path: str, required: set[str], optional: set[str]) -> dict[str, Any]:
     if not isinstance(data, Mapping):
-        raise WorkloadError(f"{path}: expected a mapping, got {type(data).__name__} {data!r}")
+        # Values are never quoted: a workload may be read from a file that is not one.
+        raise WorkloadError(f"{path}: expected a mapping, got {_kind(data)}")
     keys = set(data)
     missing = required - keys
     if missing:
@@ -40,19 +41,25 @@ def _take(data: Any, path: str, required: set[str], optional: set[str]) -> dict[
     unknown = keys - required - optional
     if unknown:
         raise WorkloadError(
-            f"{path}: unknown field(s) {sorted(unknown)}; valid fields are "
+            f"{path}: {len(unknown)} unknown field(s); valid fields are "
             f"{sorted(required | optional)}"
         )
     return dict(data)
 
 
+def _kind(value: Any) -> str:
+    if isinstance(value, list) and not value:
+        return "an empty list"
+    return f"a {type(value).__name__}"
+
+
 def _number(value: Any, path: str, *, minimum: float = 0.0, integer: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise WorkloadError(f"{path}: expected a number, got {value!r}")
+        raise WorkloadError(f"{path}: expected a finite number, got {_kind(value)}")
     if value < minimum:
-        raise WorkloadError(f"{path}: {value!r} is below the minimum {minimum}")
+        raise WorkloadError(f"{path}: below the minimum {minimum}")
     if integer and int(value) != value:
-        raise WorkloadError(f"{path}: expected a whole number, got {value!r}")
+        raise WorkloadError(f"{path}: expected a whole number, got a fraction")
     return float(value)
 
 
@@ -75,7 +82,7 @@ class Distribution:
             maximum=_number(d.get("max", math.inf), f"{path}.max") if "max" in d else math.inf,
         )
         if dist.maximum < dist.minimum:
-            raise WorkloadError(f"{path}: max={dist.maximum} is below min={dist.minimum}")
+            raise WorkloadError(f"{path}: max is below min")
         return dist
 
     def draw(self, rng: np.random.Generator, size: int | None = None) -> Any:
@@ -188,7 +195,7 @@ class WorkloadSpec:
         tools = d["tools"]
         if not isinstance(tools, list) or not tools:
             raise WorkloadError(
-                f"{source}.tools: expected a non-empty list of tools, got {tools!r}"
+                f"{source}.tools: expected a non-empty list of tools, got {_kind(tools)}"
             )
         spec = cls(
             name=str(d["name"]),

@@ -75,7 +75,7 @@ class Cluster:
 
     async def start_operator(self) -> None:
         self.stop = asyncio.Event()
-        config = OperatorConfig(**{**FAST.__dict__, "api_server": self.url})
+        config = OperatorConfig(**{**FAST.__dict__, "api_server": self.url, "data_root": self.tmp})
         self.operator = asyncio.create_task(run_operator(config, stop_flag=self.stop))
 
     async def stop_operator(self) -> None:

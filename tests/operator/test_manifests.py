@@ -10,7 +10,14 @@ import pytest
 import yaml
 
 from heddle.exceptions import ManifestError
-from heddle.operator._manifests import EnginePoolSpec, RolloutJobSpec, load_manifests
+from heddle.operator._manifests import (
+    MAX_SAMPLES_PER_TASK,
+    MAX_TRAJECTORIES,
+    EnginePoolSpec,
+    RolloutJobSpec,
+    check_trajectories,
+    load_manifests,
+)
 from heddle.scheduler import SAMPLING_LIMITS, PoolShape
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,3 +227,73 @@ def test_quickstart_preset_is_the_example_workload() -> None:
     assert preset.read_text() == example.read_text(), (
         "cp examples/quickstart/workload.yaml scheduler/presets/quickstart.yaml"
     )
+
+
+def test_samples_per_task_has_one_documented_maximum_in_the_parser_and_the_crd() -> None:
+    from ._cluster import crd_schemas
+
+    spec = crd_schemas()["rolloutjobs"]["properties"]["spec"]["properties"]
+    assert spec["samplesPerTask"]["maximum"] == MAX_SAMPLES_PER_TASK
+    ok = RolloutJobSpec.from_manifest(_with(JOB, "spec.samplesPerTask", MAX_SAMPLES_PER_TASK))
+    assert ok.samples_per_task == MAX_SAMPLES_PER_TASK
+    with pytest.raises(
+        ManifestError, match=rf"samplesPerTask=10000000 must be <= {MAX_SAMPLES_PER_TASK}"
+    ):
+        RolloutJobSpec.from_manifest(_with(JOB, "spec.samplesPerTask", 10**7))
+    with pytest.raises(ManifestError, match="split it into several jobs"):
+        check_trajectories(MAX_TRAJECTORIES, 2, "RolloutJob 'j'")
+
+
+@pytest.mark.parametrize(
+    "name", ["a/b", "step 1", "what?", "Upper", "-dash", "名前", "x" * 254, "a..b", "dot."]
+)
+def test_names_are_checked_as_kubernetes_checks_them(name: str) -> None:
+    with pytest.raises(ManifestError, match=r"is not a valid Kubernetes name; use at most 253"):
+        RolloutJobSpec.from_manifest(_with(JOB, "metadata.name", name))
+
+
+def test_valid_names_and_a_bad_namespace() -> None:
+    for name in ("j", "step-0001", "a.b-c.d9", "x" * 253):
+        assert RolloutJobSpec.from_manifest(_with(JOB, "metadata.name", name)).name == name
+    with pytest.raises(ManifestError, match=r"metadata.namespace='a_b' is not a valid namespace"):
+        RolloutJobSpec.from_manifest(_with(JOB, "metadata.namespace", "a_b"))
+
+
+def test_yaml_aliases_are_refused_with_their_line(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    text = yaml.safe_dump(JOB) + "---\nbig: &b [1, 2]\nbigger: [*b, *b]\n"
+    path.write_text(text)
+    line = text.splitlines().index("bigger: [*b, *b]") + 1
+    with pytest.raises(
+        ManifestError, match=rf"{path} line {line}: YAML aliases \(\*name\) are not allowed"
+    ):
+        load_manifests(path)
+
+
+def test_yaml_syntax_errors_give_a_position_not_the_text(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("apiVersion: heddle.dev/v1alpha1\nkind: [s3cr3t\n")
+    with pytest.raises(ManifestError) as info:
+        load_manifests(path)
+    assert str(info.value) == f"{path} is not valid YAML at line 3, column 1"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "apiVersion: v1\nkind: Config\nusers: [{name: me, user: {token: s3cr3t}}]\n",
+        "apiVersion: s3cr3t\n",
+        "apiVersion: heddle.dev/v1alpha1\nkind: s3cr3t\n",
+        "s3cr3t\n",
+        "- s3cr3t\n",
+    ],
+)
+def test_a_file_that_is_not_a_manifest_is_refused_without_quoting_it(
+    tmp_path: Path, text: str
+) -> None:
+    path = tmp_path / "config"
+    path.write_text(text)
+    with pytest.raises(ManifestError) as info:
+        load_manifests(path)
+    assert "s3cr3t" not in str(info.value)
+    assert "is not a Heddle manifest" in str(info.value) or "is not a mapping" in str(info.value)

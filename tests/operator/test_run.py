@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import yaml
 
 from .conftest import ToolServer, assert_exactly_once, read_records
@@ -207,3 +210,112 @@ def test_tool_host_outside_the_allow_list_is_refused(tmp_path: Path) -> None:
         "(HEDDLE_TOOL_ALLOWED_HOSTS); use an allowed tool host or ask the admin to add it"
     )
     assert not (tmp_path / "out").exists()
+
+
+SLOW_SYNTHETIC = {
+    "samplesPerTask": 4,
+    "environment": {
+        "type": "synthetic",
+        "synthetic": {"workload": str(QUICK / "workload.yaml"), "toolTimeScale": 2.0},
+    },
+}
+KEYS = {(f"p{i:05d}", s) for i in range(16) for s in range(4)}
+
+
+def _wait_for_records(proc: subprocess.Popen[str], output: Path, n: int) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and (not output.exists() or len(read_records(output)) < n):
+        assert proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.1)
+
+
+def test_a_second_run_on_the_same_output_is_refused(tmp_path: Path) -> None:
+    job = _job(tmp_path, SLOW_SYNTHETIC)
+    output = tmp_path / "out" / "rollout.jsonl"
+    args = ("run", str(job), "--engine", "sim", "--time-scale", "0.05", "--quiet")
+    first = _heddle(*args, cwd=tmp_path)
+    _wait_for_records(first, output, 4)
+    second = _heddle(*args, cwd=tmp_path)
+    out, _ = second.communicate(timeout=60)
+    assert second.returncode == 2, out
+    assert out.strip() == (
+        f"heddle: error: the output {output} is in use by another Heddle session "
+        f"(pid {first.pid}); wait for it to finish or choose another spec.output.path "
+        "(heddle run: --output)"
+    )
+    out, _ = first.communicate(timeout=120)
+    assert first.returncode == 0 and "64 done, 0 failed of 64 trajectories" in out, out
+    assert_exactly_once(read_records(output), KEYS)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["output-under-a-file", "latin1-manifest", "latin1-tasks", "yaml-alias", "name", "samples"],
+)
+def test_bad_input_is_one_sentence_and_exit_2(tmp_path: Path, case: str) -> None:
+    (tmp_path / "tasks.jsonl").write_text('{"id": "a", "prompt": "hi"}\n')
+    spec: dict[str, object] = {"tasks": {"path": "tasks.jsonl"}, "environment": {"type": "tools"}}
+    name, expected = "job", ""
+    if case == "output-under-a-file":
+        (tmp_path / "out").write_text("a file, not a folder\n")
+        expected = f"cannot create the output folder {tmp_path / 'out'}: File exists"
+    elif case == "latin1-tasks":
+        (tmp_path / "tasks.jsonl").write_bytes(b'{"id": "a", "prompt": "caf\xe9"}\n')
+        expected = f"the task file {tmp_path / 'tasks.jsonl'} is not UTF-8 text (line 1, byte 27)"
+    elif case == "name":
+        name, expected = "rollout/step 1?", "RolloutJob.metadata.name='rollout/step 1?' is not"
+    elif case == "samples":
+        spec["samplesPerTask"] = 10**7
+        expected = "RolloutJob 'job' spec.samplesPerTask=10000000 must be <= 1024"
+    job = _job(tmp_path, spec, name)
+    if case == "latin1-manifest":
+        job.write_bytes(job.read_bytes().replace(b"name: job", b"name: j\xf6b"))
+        expected = f"the manifest {job} is not UTF-8 text (line "
+    elif case == "yaml-alias":
+        bomb = "\n".join(
+            [f"a0: &a0 [{'x, ' * 9}x]"]
+            + [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+        )
+        job.write_text(job.read_text() + f"---\n{bomb}\n")
+        expected = "YAML aliases (*name) are not allowed; write the value out in full"
+    proc = _heddle("run", str(job), "--engine", "sim", "--quiet", cwd=tmp_path)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2, out
+    lines = out.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("heddle: error: "), out
+    assert expected in lines[0], out
+
+
+def _fill_the_disk_at(limit_bytes: int) -> Callable[[], None]:
+    def limit() -> None:  # in the child: a full disk, as a file-size limit
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+
+    return limit
+
+
+def test_a_full_disk_stops_the_run_with_whole_records_only(tmp_path: Path) -> None:
+    job = _job(tmp_path, SLOW_SYNTHETIC)
+    output = tmp_path / "out" / "rollout.jsonl"
+    args = [sys.executable, "-m", "heddle", "run", str(job), "--engine", "sim", "--quiet"]
+    proc = subprocess.Popen(
+        [*args, "--time-scale", "0.05"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_fill_the_disk_at(60_000),  # noqa: PLW1509 - rlimits are set this way
+    )
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, out
+    assert f"heddle: error: writing to the output {output} failed: File too large" in out, out
+    assert "Traceback" not in out
+    data = output.read_bytes()
+    assert data.endswith(b"\n") and 0 < len(data) <= 60_000
+    written = read_records(output)  # every line a whole record
+    assert 0 < len(written) < 64
+    again = _heddle(*args[3:], "--time-scale", "0.05", cwd=tmp_path)
+    out, _ = again.communicate(timeout=120)
+    assert again.returncode == 0, out
+    assert f"({len(written)} already in the output)" in out
+    assert_exactly_once(read_records(output), KEYS)
