@@ -19,10 +19,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from .conftest import assert_exactly_once
 from .test_run import QUICK, _alive, _children
+
+pytestmark = pytest.mark.slow  # real processes or engines; `-m 'not slow'` skips them
 
 SEED = int(os.environ.get("HEDDLE_FAULT_SEED", "20261122"))
 FAULTS = 6  # injected faults at most

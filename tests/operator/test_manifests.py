@@ -115,7 +115,7 @@ def test_job_defaults() -> None:
         ),
         ("spec.sampling.seed", -1, "spec.sampling.seed=-1 must be in [0, 9223372036854775807]"),
         ("spec.sampling.seed", 1.5, "spec.sampling.seed=1.5 must be an integer"),
-        ("spec.samplesPerTask", 0, "samplesPerTask=0 must be >= 1"),
+        ("spec.samplesPerTask", 0, "samplesPerTask=0 must be in [1, 1024]"),
         ("spec.tasks", {}, "give tasks"),
         ("spec.tasks", {"path": "a", "inline": [{}]}, "not ['inline', 'path']"),
         ("spec.environment.type", "gym", "type='gym'; choose one of"),
@@ -237,7 +237,7 @@ def test_samples_per_task_has_one_documented_maximum_in_the_parser_and_the_crd()
     ok = RolloutJobSpec.from_manifest(_with(JOB, "spec.samplesPerTask", MAX_SAMPLES_PER_TASK))
     assert ok.samples_per_task == MAX_SAMPLES_PER_TASK
     with pytest.raises(
-        ManifestError, match=rf"samplesPerTask=10000000 must be <= {MAX_SAMPLES_PER_TASK}"
+        ManifestError, match=rf"samplesPerTask=10000000 must be in \[1, {MAX_SAMPLES_PER_TASK}\]"
     ):
         RolloutJobSpec.from_manifest(_with(JOB, "spec.samplesPerTask", 10**7))
     with pytest.raises(ManifestError, match="split it into several jobs"):

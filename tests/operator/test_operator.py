@@ -16,7 +16,7 @@ from heddle.operator._operator import run_operator
 from ._operator_fixture import FAST, cluster, job, pool, wait_for
 from .conftest import assert_exactly_once, read_records
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # slow: real processes, see pyproject
 
 
 @pytest.fixture

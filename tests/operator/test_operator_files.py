@@ -16,7 +16,7 @@ import pytest
 
 from ._operator_fixture import cluster, job, pool, wait_for
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # slow: real processes, see pyproject
 
 SECRET = "eyJhbGciOi-s3cr3t-service-account-token"
 

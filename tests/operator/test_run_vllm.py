@@ -22,6 +22,8 @@ from .._vllm import require_vllm
 from .conftest import assert_consistent, assert_exactly_once, read_records, start_pool
 from .test_session import _keys, _session, _synthetic, stop_after
 
+pytestmark = pytest.mark.slow  # real processes or engines; `-m 'not slow'` skips them
+
 require_vllm()
 
 ROOT = Path(__file__).resolve().parents[2]

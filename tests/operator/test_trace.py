@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .conftest import read_records
+
+pytestmark = pytest.mark.slow  # real processes or engines; `-m 'not slow'` skips them
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ROOT / "examples" / "quickstart"

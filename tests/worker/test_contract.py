@@ -19,6 +19,8 @@ from schemathesis.checks import positive_data_acceptance
 
 from .test_process import sim_worker
 
+pytestmark = pytest.mark.slow  # real processes or engines; `-m 'not slow'` skips them
+
 EXAMPLES = 20
 # Every other check runs (server errors, documented statuses, content types, response
 # schemas, invalid data refused). This one expects every schema-valid request to

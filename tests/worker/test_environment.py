@@ -17,6 +17,8 @@ import pytest
 
 from tests._vllm import require_vllm
 
+pytestmark = pytest.mark.slow  # real processes or engines; `-m 'not slow'` skips them
+
 require_vllm()
 
 QUICK = Path(__file__).resolve().parents[2] / "examples" / "quickstart"

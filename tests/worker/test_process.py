@@ -14,6 +14,8 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
+pytestmark = pytest.mark.slow  # real processes or engines; `-m 'not slow'` skips them
+
 
 def free_port() -> int:
     with socket.socket() as s:

@@ -23,6 +23,8 @@ from .._vllm import require_vllm
 from ._bad_requests import BAD_GENERATE_BODIES
 from .test_process import free_port
 
+pytestmark = pytest.mark.slow  # real processes or engines; `-m 'not slow'` skips them
+
 require_vllm()
 
 _PROCESSES: dict[str, subprocess.Popen[str]] = {}  # url -> worker process, for the SIGTERM test
