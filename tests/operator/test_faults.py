@@ -20,10 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from .conftest import assert_exactly_once
-from .test_run import QUICK, _alive, _children
+from .test_run import QUICK, _alive, _children, _job
 
 pytestmark = pytest.mark.slow  # real processes or engines; `-m 'not slow'` skips them
 
@@ -34,36 +33,9 @@ KEYS = {(f"p{i:05d}", s) for i in range(16) for s in range(4)}
 
 
 def _write_job(tmp: Path) -> Path:
-    docs = [
-        {
-            "apiVersion": "heddle.dev/v1alpha1",
-            "kind": "EnginePool",
-            "metadata": {"name": "local"},
-            "spec": {
-                "model": "tiny",
-                "gpus": 2,
-                "gpusPerNode": 2,
-                "shape": [{"tp": 1, "replicas": 2}],
-            },
-        },
-        {
-            "apiVersion": "heddle.dev/v1alpha1",
-            "kind": "RolloutJob",
-            "metadata": {"name": "faults"},
-            "spec": {
-                "enginePool": "local",
-                "samplesPerTask": 4,
-                "environment": {
-                    "type": "synthetic",
-                    "synthetic": {"workload": str(QUICK / "workload.yaml"), "toolTimeScale": 2.0},
-                },
-                "output": {"path": "out/rollout.jsonl"},
-            },
-        },
-    ]
-    path = tmp / "job.yaml"
-    path.write_text(yaml.safe_dump_all(docs))
-    return path
+    synthetic = {"workload": str(QUICK / "workload.yaml"), "toolTimeScale": 2.0}
+    spec = {"samplesPerTask": 4, "environment": {"type": "synthetic", "synthetic": synthetic}}
+    return _job(tmp, spec, name="faults")
 
 
 def _keys(output: Path) -> list[tuple[str, int]]:
