@@ -120,6 +120,13 @@ class _Status:
         now = time.monotonic()
         if not force and phase == self.phase and now - self.last < self.ctx.status_interval_s:
             return
+        if phase == "Failed" and conditions:
+            # `kubectl wait --for=condition=Failed` as for a batch Job: the cause, again.
+            cause = conditions[-1]
+            conditions = [
+                *conditions,
+                condition("Failed", True, str(cause["reason"]), str(cause["message"])),
+            ]
         self.conditions = merge_conditions(self.conditions, conditions)
         status = {
             "phase": phase,

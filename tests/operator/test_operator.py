@@ -80,6 +80,7 @@ async def test_job_runs_to_succeeded_with_every_trajectory_once(
         assert (status["done"], status["failed"], status["total"]) == (64, 0, 64)
         assert status["progress"] == "64/64"
         assert _condition(obj, "Complete")["status"] == "True"
+        assert _condition(obj, "Failed") is None  # `kubectl wait --for=condition=Failed` waits on
         keys = {(f"p{i:05d}", s) for i in range(16) for s in range(4)}
         assert_exactly_once(read_records(out), keys)
     _no_errors(caplog)
@@ -239,6 +240,9 @@ async def test_invalid_specs_are_rejected_or_reported(tmp_path: Path) -> None:
         assert big["reason"] == "InvalidSpec" and "uses 4 GPUs but spec.gpus=2" in big["message"]
         notasks = await c.get("rolloutjobs", "notasks")
         assert "give tasks" in _condition(notasks, "Valid")["message"]
+        failed = _condition(notasks, "Failed")  # `kubectl wait --for=condition=Failed` returns
+        assert failed["status"] == "True" and failed["reason"] == "InvalidSpec"
+        assert failed["message"] == _condition(notasks, "Valid")["message"]
         assert await c.list("pods") == []
 
 

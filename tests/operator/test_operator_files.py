@@ -126,8 +126,10 @@ async def test_unusable_outputs_and_inputs_fail_the_job_and_are_left_untouched(
         await c.apply(job("notours", "p", tmp_path / "notes.txt", environment=small))
         tasks = {"tasks": {"path": "tasks.jsonl"}, "environment": {"type": "tools"}}
         await c.apply(job("latin1tasks", "p", tmp_path / "l.jsonl", **tasks))
-        under = _condition(await _failed(c, "underfile", 120), "Complete")
+        underfile = await _failed(c, "underfile", 120)
+        under = _condition(underfile, "Complete")
         assert under["reason"] == "SessionFailed"
+        assert _condition(underfile, "Failed") == {**under, "type": "Failed", "status": "True"}
         assert "cannot create the output folder" in under["message"]
         notours = _condition(await _failed(c, "notours", 120), "Complete")
         assert "line 1 is not a Heddle output record" in notours["message"]
