@@ -31,7 +31,17 @@ from typing import Any
 
 from heddle.exceptions import OutputError
 
-__all__ = ["OutputSink", "lock_path", "record_key"]
+__all__ = ["OutputSink", "encode_record", "lock_path", "record_key"]
+
+# Characters str.splitlines() (and older JavaScript) treat as line ends; json.dumps
+# leaves them raw with ensure_ascii=False, and a random-weight model emits them.
+_LINE_BREAKERS = str.maketrans({"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def encode_record(record: Mapping[str, Any]) -> str:
+    """One record as one JSON line that every line-splitting reader sees as one line."""
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False).translate(_LINE_BREAKERS)
+
 
 log = logging.getLogger("heddle.output")
 # How every record starts (json.dumps with the record's first key); a torn tail must too.
@@ -191,7 +201,7 @@ class OutputSink:
         key = record_key(str(record["task_id"]), int(record["sample"]))
         if key in self._written:
             return False
-        line = (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+        line = (encode_record(record) + "\n").encode()
         start = os.fstat(self._fd).st_size  # this session holds the lock: nobody else appends
         view = memoryview(line)
         try:

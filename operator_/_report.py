@@ -15,7 +15,8 @@ def plot_rollout(output: Path, png: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    records = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines() if line]
+    text = output.read_text(encoding="utf-8")
+    records = [json.loads(line) for line in text.split("\n") if line.strip()]  # "\n" only
     if not records:
         raise ValueError(f"{output} holds no records to plot")
     start = min(r["timings"]["started_at"] for r in records)

@@ -170,7 +170,8 @@ def scripted_pool(tmp_path: Path) -> Iterator[tuple[LocalPool, list[WorkerEndpoi
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    text = path.read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.split("\n") if line]  # JSONL ends lines at "\n" only
 
 
 def assert_exactly_once(records: list[dict[str, Any]], expected: set[tuple[str, int]]) -> None:

@@ -85,6 +85,23 @@ def test_a_file_that_is_not_an_output_is_refused_and_left_as_it_was(
     assert path.read_bytes() == content
 
 
+def test_text_with_unicode_line_breaks_stays_on_one_line(tmp_path: Path) -> None:
+    """A random-weight model emits U+0085, U+2028 and U+2029; splitlines() must not split."""
+    path = tmp_path / "rollout.jsonl"
+    text = "a\u0085b\u2028c\u2029d\x1ce\u00e9"
+    sink = OutputSink(path)
+    sink.open()
+    assert sink.write({**_record("t", 0), "text": text})
+    assert sink.write({**_record("t", 1), "text": "plain"})
+    sink.close()
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert [json.loads(x)["text"] for x in lines] == [text, "plain"]
+    again = OutputSink(path)
+    assert again.open() == {record_key("t", 0), record_key("t", 1)}
+    again.close()
+    assert "\u00e9" in path.read_text(encoding="utf-8")  # other text stays as it is (UTF-8)
+
+
 _FILL_DISK = """
 import resource, signal, sys
 from pathlib import Path
