@@ -143,7 +143,7 @@ def perf_model_for(pool: EnginePoolSpec) -> PerfModel:
 
 
 def plan_shape(local: LocalJob, perf: PerfModel) -> PoolShape:
-    """A pinned shape as given; ``auto`` from the predictor's prior over the job's trajectories."""
+    """A pinned shape as given; otherwise planned from the predictor's prior (no history)."""
     pool = local.pool
     if pool.shape is not None:
         return pool.shape

@@ -201,6 +201,8 @@ class RolloutSession:
         """No new steps go there; contexts in tool calls migrate off (docs/operator.md)."""
         if name not in self._draining:
             self._draining.add(name)
+            log.info("%s: worker %s drains; %d trajectories on it", self.job, name,
+                     self.resident_on(name))  # fmt: skip
             self._replan_now.set()  # start moving trajectories off now, not at the next period
 
     def remove_worker(self, name: str) -> None:
