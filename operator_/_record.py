@@ -52,6 +52,10 @@ class TrajectoryRun:
     status: str = "running"
     finish_reason: str = ""
     error: str | None = None
+    reward: float | None = None
+    reward_info: Mapping[str, Any] | None = None
+    reward_error: str | None = None
+    scoring: bool = False  # finished, its reward call under way
 
     def apply(self, worker: str, reply: StepReply, want_logprobs: bool) -> None:
         """Fold a finished step into the history."""
@@ -133,4 +137,7 @@ class TrajectoryRun:
         }
         if want_logprobs:
             rec["response_logprobs"] = self.logprobs
+        rec["reward"] = self.reward
+        rec["reward_info"] = None if self.reward_info is None else dict(self.reward_info)
+        rec["reward_error"] = self.reward_error
         return rec
