@@ -134,6 +134,8 @@ class TrajectoryRun:
             },
             "policy": policy,
             "metadata": dict(self.task.metadata),
+            "task_index": self.task_index,  # place in the task set: the trainer's batch order
+            "task_fields": dict(self.task.fields),
         }
         if want_logprobs:
             rec["response_logprobs"] = self.logprobs

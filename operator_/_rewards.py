@@ -111,7 +111,9 @@ class HttpReward(RewardScorer):
         except (TimeoutError, httpx.TimeoutException):
             raise _RetryError(f"no complete answer within {timeout:g} s (timeoutSeconds)") from None
         except httpx.HTTPError as exc:
-            raise _RetryError(_transport_cause(exc).replace("tool server", "reward server")) from None
+            raise _RetryError(
+                _transport_cause(exc).replace("tool server", "reward server")
+            ) from None
         text = raw.decode("utf-8", errors="replace")
         if 400 <= status < 500:
             raise ToolError(f"reward endpoint refused the trajectory ({status}): {text[:300]}")
