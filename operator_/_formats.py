@@ -9,7 +9,8 @@ kept whole as the task's ``fields`` and come back in every record as
 - verl: ``examples/data_preprocess/gsm8k.py`` (``data_source``, ``prompt`` as
   chat messages, ``ability``, ``reward_model`` {style, ground_truth},
   ``extra_info`` {split, index, ...});
-- slime: ``slime/utils/data.py`` (``prompt`` or messages, ``label``, ``metadata``);
+- slime: ``slime/utils/data.py`` (the prompt under ``--input-key``, ``text`` by
+  default, often ``prompt``; ``label``; ``metadata``);
 - SkyRL: ``skyrl-train/examples/gsm8k/gsm8k_dataset.py`` (``prompt``,
   ``env_class``, ``reward_spec`` {method, ground_truth}, ``extra_info``).
 """
@@ -36,14 +37,16 @@ def split_trainer_row(raw: Any, where: str) -> tuple[Any, dict[str, Any]]:
     """(a Heddle task entry, the row's other fields) for a trainer's row; others pass unchanged."""
     if not isinstance(raw, Mapping):
         return raw, {}
-    prompt = raw.get("prompt")
+    # slime reads its --input-key, "text" unless set; verl and SkyRL read "prompt".
+    key = "prompt" if "prompt" in raw or "text" not in raw else "text"
+    prompt = raw.get(key)
     if not (TRAINER_KEYS & set(raw) or isinstance(prompt, list)):
         return raw, {}
     if prompt is None and raw.get("messages") is None:
         raise TaskError(
             where,
             "this verl/slime/SkyRL row has neither prompt nor messages; give prompt (a list of "
-            "{role, content} messages, or a string) or messages",
+            "{role, content} messages, or a string; slime's default text works too) or messages",
         )
     entry: dict[str, Any] = {
         k: raw[k] for k in ("id", "system", "metadata", "messages") if k in raw
@@ -61,7 +64,7 @@ def split_trainer_row(raw: Any, where: str) -> tuple[Any, dict[str, Any]]:
     )
     if "id" not in entry and isinstance(index, int | str) and not isinstance(index, bool):
         entry["id"] = index  # verl and SkyRL number their rows in extra_info.index
-    return entry, {k: v for k, v in raw.items() if k not in _HEDDLE_KEYS}
+    return entry, {k: v for k, v in raw.items() if k not in _HEDDLE_KEYS and k != key}
 
 
 def parquet_rows(path: Path) -> Iterator[tuple[str, str, Any]]:

@@ -314,6 +314,18 @@ def test_cli_export_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFi
     assert "is the input" in capsys.readouterr().err
 
 
+def test_the_python_examples_in_the_docs_run(
+    output: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "rollouts.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in docs.split("```python\n")[1:]]
+    (tmp_path / "rollout.jsonl").write_text(output.read_text())
+    monkeypatch.chdir(tmp_path)
+    assert len(blocks) >= 2  # the reward endpoint and the export reader
+    for block in blocks:
+        exec(compile(block, "docs/rollouts.md", "exec"), {"__name__": "docs"})
+
+
 # -- end to end: trainer rows in, a rollout with rewards, trainer rows out -----------------
 
 

@@ -38,7 +38,7 @@ def _jsonl(tmp_path: Path, *rows: Any) -> Path:
 
 
 def test_trainer_rows_become_tasks_and_keep_their_fields(tmp_path: Path) -> None:
-    slime_text = {"prompt": "2+2?", "label": "4"}
+    slime_text = {"text": "2+2?", "label": "4"}  # slime's default --input-key
     slime_messages = {"messages": CHAT, "label": "4", "level": 3}
     got = read_tasks(path=_jsonl(tmp_path, VERL, SLIME, SKYRL, slime_text, slime_messages))
     assert got.errors == []
@@ -46,7 +46,7 @@ def test_trainer_rows_become_tasks_and_keep_their_fields(tmp_path: Path) -> None
     assert verl.id == "7" and skyrl.id == "8"  # extra_info.index names the row
     assert slime.id == "line-2" and text.id == "line-4"
     assert all(t.messages == tuple(CHAT) for t in (verl, slime, skyrl, messages))
-    assert text.messages == ({"role": "user", "content": "2+2?"},)
+    assert text.messages == ({"role": "user", "content": "2+2?"},) and text.fields == {"label": "4"}
     assert verl.fields == {k: v for k, v in VERL.items() if k != "prompt"}
     assert skyrl.fields["reward_spec"] == {"method": "rule", "ground_truth": "4"}
     assert slime.fields == {"label": "4"} and slime.metadata == {"source": "dapo"}

@@ -355,3 +355,34 @@ def test_scripted_reward_in_a_session(
         return {(r["task_id"], r["sample"]): r["reward"] for r in records}
 
     assert rewards(first) == rewards(again) and set(rewards(first).values()) <= {0.0, 1.0}
+
+
+def test_the_documented_reward_endpoint_scores_through_http_reward() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "rollouts.md").read_text()
+    (block,) = [b.split("```", 1)[0] for b in docs.split("```python\n")[1:] if "Grader" in b]
+    scope: dict[str, Any] = {"__name__": "docs"}
+    exec(compile(block, "docs/rollouts.md", "exec"), scope)
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), scope["Grader"])
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/score"
+
+    async def go(answer: str) -> RewardResult:
+        scorer = HttpReward(RewardSpec("http", url=url))
+        record = {
+            "task_id": "t",
+            "sample": 0,
+            "messages": [{"role": "assistant", "content": answer}],
+            "task_fields": {"reward_model": {"style": "rule", "ground_truth": "72"}},
+        }
+        try:
+            return await scorer.score(record)
+        finally:
+            await scorer.close()
+
+    try:
+        assert asyncio.run(go("it is 72")).reward == 1.0
+        wrong = asyncio.run(go("it is 71"))
+        assert (wrong.reward, wrong.info) == (0.0, {"ground_truth": "72"})
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
