@@ -35,7 +35,7 @@ Row = dict[str, Any]
 
 def read_records(path: Path, *, keep_failed: bool = False) -> list[Row]:
     """The records of a Heddle output, checked, in (task index, sample) order."""
-    text = read_text(path, "rollout output", "give a Heddle output file", OutputError)
+    text = read_text(path, "rollout output", "give a Heddle output file")
     records: list[tuple[tuple[int, int], Row]] = []
     first_seen: dict[str, int] = {}  # task order for files written before task_index existed
     where_of: dict[tuple[str, int], int] = {}
