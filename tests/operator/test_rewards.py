@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from heddle.exceptions import ManifestError
 from heddle.operator._client import WorkerEndpoint
+from heddle.operator._hosts import HostAllowList, check_tool_hosts
 from heddle.operator._local import LocalPool
 from heddle.operator._manifests import RolloutJobSpec, SamplingSpec, ToolsSpec
 from heddle.operator._output import OutputSink
@@ -213,6 +214,17 @@ def test_manifest_reward_fields() -> None:
 def test_manifest_reward_errors_name_the_field(reward: Any, sentence: str) -> None:
     with pytest.raises(ManifestError, match=sentence):
         _job(reward)
+
+
+def test_reward_host_outside_the_allow_list_is_refused() -> None:
+    allowed = HostAllowList.parse("grader.rl.svc")
+    check_tool_hosts(_job({"url": "http://grader.rl.svc/score"}), allowed)
+    check_tool_hosts(_job({"type": "scripted"}), allowed)  # nothing to reach
+    with pytest.raises(ManifestError) as err:
+        check_tool_hosts(_job({"url": "http://169.254.169.254/x"}), allowed)
+    assert str(err.value).startswith(
+        "RolloutJob 'j' spec.environment.reward.url: host '169.254.169.254' is not among the hosts"
+    )
 
 
 def test_crd_reward_schema_accepts_both_types_and_defaults_only_shared_fields() -> None:
