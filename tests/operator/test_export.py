@@ -378,3 +378,71 @@ def test_verl_rows_roll_out_and_export_to_every_trainer(
     assert (
         tensors["response_mask"] <= tensors["attention_mask"][:, -tensors["responses"].shape[1] :]
     ).all()
+
+
+@pytest.mark.slow  # heddle run as a subprocess with worker processes
+def test_heddle_run_with_trainer_rows_and_a_reward_then_export(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    import yaml
+
+    rows = [
+        {
+            "data_source": "gsm8k",
+            "prompt": [{"role": "user", "content": f"<reply>the answer is {i}</reply>"}],
+            "env_class": "gsm8k",
+            "reward_spec": {"method": "rule", "ground_truth": str(i)},
+            "extra_info": {"index": i},
+        }
+        for i in range(3)
+    ]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pool = {
+        "apiVersion": "heddle.dev/v1alpha1",
+        "kind": "EnginePool",
+        "metadata": {"name": "local"},
+        "spec": {"model": "tiny", "gpus": 1, "gpusPerNode": 1, "shape": [{"tp": 1}]},
+    }
+    job = {
+        "apiVersion": "heddle.dev/v1alpha1",
+        "kind": "RolloutJob",
+        "metadata": {"name": "job"},
+        "spec": {
+            "enginePool": "local",
+            "tasks": {"path": "train.jsonl"},
+            "samplesPerTask": 2,
+            "environment": {"reward": {"type": "scripted", "successRate": 0.5, "seed": 1}},
+            "output": {"path": "out/rollout.jsonl"},
+        },
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump_all([pool, job]))
+
+    def heddle(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "heddle", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    run = heddle("run", "job.yaml", "--engine", "sim", "--scripted-replies", "--quiet")
+    assert run.returncode == 0, run.stdout + run.stderr
+    records = [json.loads(x) for x in (tmp_path / "out" / "rollout.jsonl").read_text().splitlines()]
+    assert len(records) == 6
+    assert all(
+        r["reward"] in (0.0, 1.0) and r["reward_info"] == {"scripted": True} for r in records
+    )
+    assert {r["task_fields"]["env_class"] for r in records} == {"gsm8k"}
+    export = heddle("export", "--to", "skyrl", "out/rollout.jsonl", "skyrl.jsonl")
+    assert export.returncode == 0, export.stderr
+    assert "wrote 6 skyrl rows" in export.stderr
+    exported = [json.loads(x) for x in (tmp_path / "skyrl.jsonl").read_text().splitlines()]
+    assert [r["trajectory_ids"]["instance_id"] for r in exported] == ["0", "0", "1", "1", "2", "2"]
+    by_key = {(r["task_id"], r["sample"]): r["reward"] for r in records}
+    assert [r["rewards"] for r in exported] == [
+        by_key[(r["trajectory_ids"]["instance_id"], r["trajectory_ids"]["repetition_id"])]
+        for r in exported
+    ]
