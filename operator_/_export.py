@@ -92,6 +92,11 @@ def _check(rec: Any, where: str) -> None:
     reward = rec.get("reward")
     if reward is not None and (isinstance(reward, bool) or not isinstance(reward, int | float)):
         raise OutputError(f"{where}: reward must be a number or null")
+    if not all(isinstance(m, dict) for m in rec["messages"]):
+        raise OutputError(f"{where}: messages must be a list of objects")
+    for name in ("task_fields", "metadata"):
+        if not isinstance(rec.get(name) or {}, dict):
+            raise OutputError(f"{where}: {name} must be an object")
 
 
 def _split_messages(rec: Row) -> tuple[list[Any], list[Any]]:
@@ -105,12 +110,18 @@ def _label(fields: Mapping[str, Any]) -> str | None:
     """The ground truth under the name each trainer gives it (slime, verl, SkyRL)."""
     for value in (
         fields.get("label"),
-        (fields.get("reward_model") or {}).get("ground_truth"),
-        (fields.get("reward_spec") or {}).get("ground_truth"),
+        _field(fields, "reward_model").get("ground_truth"),
+        _field(fields, "reward_spec").get("ground_truth"),
     ):
         if value is not None:
             return value if isinstance(value, str) else json.dumps(value)
     return None
+
+
+def _field(fields: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """A trainer's object field, or {} when absent or not an object (a row may hold anything)."""
+    value = fields.get(name)
+    return value if isinstance(value, Mapping) else {}
 
 
 def _reward(rec: Row) -> float | None:
@@ -143,12 +154,12 @@ def to_verl(rec: Row, position: int) -> Row:
     reward = _reward(rec)
     if reward is not None and response:  # verl: the score sits on the last response token
         batch["rm_scores"] = [0.0] * (len(response) - 1) + [reward]
-    extra = fields.get("extra_info") or {}
+    extra = _field(fields, "extra_info")
     non_tensor: Row = {
         **fields,
         "data_source": fields.get("data_source", "heddle"),
         "reward_model": fields.get("reward_model", {}),
-        "extra_info": extra,
+        "extra_info": fields.get("extra_info", {}),
         "uid": rec["task_id"],  # verl groups GRPO samples by uid
         "index": extra.get("index", rec.get("task_index", position)),
         "raw_prompt": _split_messages(rec)[0],

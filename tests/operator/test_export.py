@@ -287,6 +287,8 @@ def test_collate_skyrl_is_a_generator_output(output: Path) -> None:
         ({"reward": "high"}, "line 2: reward must be a number or null"),
         ({"sample": "0"}, "line 2: sample must be an integer"),
         ({"task_id": None}, "line 2 is not a Heddle record (no task_id)"),
+        ({"messages": ["hi"]}, "line 2: messages must be a list of objects"),
+        ({"task_fields": [1]}, "line 2: task_fields must be an object"),
     ],
 )
 def test_bad_record_is_named_by_line_and_field(
@@ -295,6 +297,22 @@ def test_bad_record_is_named_by_line_and_field(
     path = _write(tmp_path / "o.jsonl", [_record(0, 0), {**_record(0, 1), **edit}])
     with pytest.raises(OutputError, match=sentence.replace("(", r"\(").replace(")", r"\)")):
         read_rollouts(path, "slime")
+
+
+def test_odd_trainer_fields_do_not_break_the_export(tmp_path: Path) -> None:
+    odd = _record(0, 0, task_fields={"reward_model": "rule", "extra_info": None, "label": 7})
+    rows = read_rollouts(_write(tmp_path / "o.jsonl", [odd]), "verl")
+    assert rows[0]["non_tensor_batch"]["index"] == 0  # no extra_info.index: the task index
+    assert read_rollouts(tmp_path / "o.jsonl", "slime")[0]["label"] == "7"  # JSON text
+
+
+def test_records_without_task_index_keep_first_seen_task_order(tmp_path: Path) -> None:
+    old = [{**_record(i, s), "task_id": f"x{i}"} for i, s in [(5, 1), (3, 0), (5, 0), (3, 1)]]
+    for rec in old:
+        del rec["task_index"]
+    rows = read_rollouts(_write(tmp_path / "o.jsonl", old), "skyrl")
+    ids = [(r["trajectory_ids"]["instance_id"], r["trajectory_ids"]["repetition_id"]) for r in rows]
+    assert ids == [("x5", 0), ("x5", 1), ("x3", 0), ("x3", 1)]
 
 
 def test_repeated_trajectory_is_refused(tmp_path: Path) -> None:
