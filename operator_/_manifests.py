@@ -18,6 +18,7 @@ from heddle.exceptions import ConfigError, ManifestError
 from heddle.scheduler import POLICIES, SAMPLING_LIMITS, PoolShape, check_tp_sizes
 
 from ._fields import Fields
+from ._reward_spec import RewardSpec, parse_reward
 from ._yaml import read_text, safe_load_all
 
 __all__ = [
@@ -254,10 +255,12 @@ class EnvironmentSpec:
     type: str
     tools: ToolsSpec | None = None
     synthetic: SyntheticSpec | None = None
+    reward: RewardSpec | None = None  # None: records carry reward null
 
 
 def _environment(f: Fields) -> EnvironmentSpec:
     kind = f.choice("type", ("tools", "synthetic"), "tools")
+    reward = parse_reward(f.sub("reward")) if f.has("reward") else f.raw("reward")
     if kind == "tools":
         t = f.sub("tools")
         endpoints = []
@@ -286,7 +289,7 @@ def _environment(f: Fields) -> EnvironmentSpec:
         )
         t.done()
         f.raw("synthetic")
-        return EnvironmentSpec("tools", tools=tools)
+        return EnvironmentSpec("tools", tools=tools, reward=reward)
     s = f.sub("synthetic")
     workload = s.required("workload")
     if not isinstance(workload, str | Mapping):
@@ -298,7 +301,7 @@ def _environment(f: Fields) -> EnvironmentSpec:
     )
     s.done()
     f.raw("tools")
-    return EnvironmentSpec("synthetic", synthetic=synthetic)
+    return EnvironmentSpec("synthetic", synthetic=synthetic, reward=reward)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from ._manifests import EnginePoolSpec, RolloutJobSpec, check_trajectories, load
 from ._output import OutputSink
 from ._presets import WORKLOAD_PRESETS, load_workload
 from ._progress import Progress, SessionMetrics
+from ._rewards import make_scorer
 from ._session import RolloutSession, SessionConfig, SessionResult
 from ._tasks import TaskSet, read_tasks
 from ._tools import ToolsEnvironment
@@ -170,6 +171,12 @@ def plan_shape(local: LocalJob, perf: PerfModel) -> PoolShape:
 
 
 def build_environment(local: LocalJob) -> Environment:
+    environment = _environment(local)
+    environment.reward = make_scorer(local.job.environment.reward)
+    return environment
+
+
+def _environment(local: LocalJob) -> Environment:
     env = local.job.environment
     if env.type == "synthetic":
         assert env.synthetic is not None and local.workload is not None
