@@ -234,7 +234,7 @@ def test_crd_reward_schema_accepts_both_types_and_defaults_only_shared_fields() 
         "apiVersion": "heddle.dev/v1alpha1",
         "kind": "RolloutJob",
         "metadata": {"name": "j"},
-        "spec": {"enginePool": "p", "output": {"path": "o.jsonl"}, "environment": {}},
+        "spec": {"enginePool": "p", "tasks": {"path": "t.jsonl"}, "output": {"path": "o.jsonl"}},
     }
     for reward in ({"url": "http://r/score", "onError": "fail"}, {"type": "scripted"}):
         job["spec"]["environment"] = {"reward": reward}  # type: ignore[index]
