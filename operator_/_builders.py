@@ -16,6 +16,7 @@ from typing import Any
 from heddle.scheduler import PoolShape
 
 from ._manifests import EnginePoolSpec
+from ._pod_template import apply_pod_template
 
 __all__ = [
     "DRAINING",
@@ -40,6 +41,7 @@ LABEL_TP = "heddle.dev/tp"
 SPEC_HASH = "heddle.dev/spec-hash"
 DRAINING = "heddle.dev/draining"
 GPU = "nvidia.com/gpu"
+SHM_VOLUME = "heddle-shm"
 
 
 def now_iso() -> str:
@@ -53,6 +55,7 @@ def spec_hash(pool: EnginePoolSpec) -> str:
         "model": pool.model,
         "vllm": [pool.vllm.max_model_len, pool.vllm.gpu_memory_utilization, *pool.vllm.extra_args],
         "pod": pool.pod,
+        "shm": pool.shm_size_limit,
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -77,7 +80,7 @@ def worker_pod(
     pool: EnginePoolSpec, pool_body: Mapping[str, Any], name: str, tp: int
 ) -> dict[str, Any]:
     """One engine instance: the worker image serving the model at ``tp`` GPUs."""
-    resources = dict(pool.pod.get("resources") or {})
+    resources = dict(pool.pod.get("resources") or {})  # requests == limits (manifest check)
     requests = {**(resources.get("requests") or {}), GPU: str(tp)}
     limits = {**(resources.get("limits") or {}), GPU: str(tp)}
     command = [
@@ -106,8 +109,13 @@ def worker_pod(
             "capabilities": {"drop": ["ALL"]},
         },
     }
-    if pool.pod.get("volumeMounts"):
-        container["volumeMounts"] = pool.pod["volumeMounts"]
+    # vLLM's tensor-parallel workers exchange tensors through /dev/shm; a container's
+    # default is 64 MiB.
+    shm = {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": pool.shm_size_limit}}
+    container["volumeMounts"] = [
+        {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+        *(pool.pod.get("volumeMounts") or []),
+    ]
     spec: dict[str, Any] = {
         "containers": [container],
         "restartPolicy": "Never",  # the operator replaces a failed instance itself
@@ -117,10 +125,11 @@ def worker_pod(
         "automountServiceAccountToken": False,  # workers never call the Kubernetes API
         "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
     }
-    for key in ("nodeSelector", "tolerations", "volumes"):
+    for key in ("nodeSelector", "tolerations"):
         if pool.pod.get(key):
             spec[key] = pool.pod[key]
-    return {
+    spec["volumes"] = [shm, *(pool.pod.get("volumes") or [])]
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -136,6 +145,7 @@ def worker_pod(
         },
         "spec": spec,
     }
+    return apply_pod_template(pod, pool.pod.get("podTemplate") or {})
 
 
 def headless_service(pool: EnginePoolSpec, pool_body: Mapping[str, Any]) -> dict[str, Any]:

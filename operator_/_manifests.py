@@ -18,6 +18,7 @@ from heddle.exceptions import ConfigError, ManifestError
 from heddle.scheduler import POLICIES, SAMPLING_LIMITS, PoolShape, check_tp_sizes
 
 from ._fields import Fields
+from ._pod_template import check_pod_template, check_quantity, guaranteed_resources
 from ._reward_spec import RewardSpec, parse_reward
 from ._yaml import read_text, safe_load_all
 
@@ -111,7 +112,8 @@ class EnginePoolSpec:
     tensor_parallel_sizes: tuple[int, ...]
     shape: PoolShape | None
     vllm: VLLMSpec
-    pod: Mapping[str, Any] = field(default_factory=dict)  # resources, nodeSelector, ...
+    pod: Mapping[str, Any] = field(default_factory=dict)  # resources, podTemplate, ...
+    shm_size_limit: str = "16Gi"  # /dev/shm (memory-backed) of each worker, for TP > 1
 
     @classmethod
     def from_manifest(cls, doc: Mapping[str, Any]) -> EnginePoolSpec:
@@ -136,8 +138,10 @@ class EnginePoolSpec:
             extra_args=_engine_args(v.listing("extraArgs"), v.where("extraArgs")),
         )
         v.done()
-        pod = {k: f.raw(k) for k in ("resources", "nodeSelector", "tolerations", "volumes")}
-        pod["volumeMounts"] = f.raw("volumeMounts")
+        pod = {k: f.raw(k) for k in ("nodeSelector", "tolerations", "volumes", "volumeMounts")}
+        pod["resources"] = guaranteed_resources(f.raw("resources"), f.where("resources"))
+        pod["podTemplate"] = check_pod_template(f.raw("podTemplate"), f.where("podTemplate"))
+        shm = check_quantity(f.raw("shmSizeLimit", "16Gi"), f.where("shmSizeLimit"))
         spec = cls(
             name=name,
             namespace=namespace,
@@ -148,7 +152,8 @@ class EnginePoolSpec:
             tensor_parallel_sizes=sizes,
             shape=shape,
             vllm=vllm,
-            pod={k: v for k, v in pod.items() if v is not None},
+            pod={k: v for k, v in pod.items() if v},
+            shm_size_limit=shm,
         )
         f.done()
         return spec

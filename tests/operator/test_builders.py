@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from heddle.exceptions import ManifestError
 from heddle.operator._builders import (
     DRAINING,
     MAX_CONDITION_MESSAGE,
+    SPEC_HASH,
     condition,
     headless_service,
     merge_conditions,
@@ -35,8 +39,9 @@ def test_worker_pod_requests_its_tp_in_gpus() -> None:
     pool = EnginePoolSpec.from_manifest(BODY)
     pod = worker_pod(pool, BODY, "qwen-tp4-0", 4)
     container = pod["spec"]["containers"][0]
+    # Guaranteed QoS: the limit follows the request.
     assert container["resources"]["requests"] == {"memory": "64Gi", "nvidia.com/gpu": "4"}
-    assert container["resources"]["limits"] == {"nvidia.com/gpu": "4"}
+    assert container["resources"]["limits"] == {"memory": "64Gi", "nvidia.com/gpu": "4"}
     assert pod["metadata"]["labels"]["heddle.dev/pool"] == "qwen"
     assert pod["metadata"]["labels"]["heddle.dev/tp"] == "4"
     assert pod["metadata"]["namespace"] == "rl"
@@ -108,3 +113,98 @@ def test_a_condition_message_fits_the_api_servers_limit() -> None:
     c = condition("Failed", True, "Crashed", "x" * (MAX_CONDITION_MESSAGE + 10))
     assert len(c["message"]) == MAX_CONDITION_MESSAGE
     assert c["message"].endswith("(truncated)")
+
+
+def _pool(**spec: Any) -> tuple[EnginePoolSpec, dict[str, Any]]:
+    body = {**BODY, "spec": {**BODY["spec"], **spec}}
+    return EnginePoolSpec.from_manifest(body), body
+
+
+def test_worker_pod_gets_a_memory_backed_dev_shm_of_the_pools_size() -> None:
+    pool, body = _pool(shmSizeLimit="32Gi")
+    pod = worker_pod(pool, body, "qwen-tp8-0", 8)
+    (shm,) = [v for v in pod["spec"]["volumes"] if v["name"] == "heddle-shm"]
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "32Gi"}
+    mounts = pod["spec"]["containers"][0]["volumeMounts"]
+    assert {"name": "heddle-shm", "mountPath": "/dev/shm"} in mounts
+
+
+@pytest.mark.parametrize(
+    ("resources", "error"),
+    [
+        ({"requests": {"cpu": "8"}, "limits": {"cpu": "4"}}, "requests=8 and limits=4 differ"),
+        ({"limits": {"nvidia.com/gpu": "8"}}, "comes from each instance's tp"),
+        ({"requests": {"memory": "lots"}}, "not a Kubernetes quantity"),
+        ({"request": {"cpu": "1"}}, "requests and/or limits"),
+    ],
+)
+def test_resources_that_cannot_be_guaranteed_are_refused(
+    resources: dict[str, Any], error: str
+) -> None:
+    with pytest.raises(ManifestError, match=error):
+        _pool(resources=resources)
+
+
+TEMPLATE: dict[str, Any] = {
+    "metadata": {"labels": {"kueue.x-k8s.io/queue-name": "q"}, "annotations": {"a": "b"}},
+    "spec": {
+        "priorityClassName": "rl",
+        "serviceAccountName": "puller",
+        "imagePullSecrets": [{"name": "regcred"}],
+        "automountServiceAccountToken": True,
+        "securityContext": {"fsGroup": 10001},
+        "tolerations": [{"key": "spot", "operator": "Exists"}],
+        "volumes": [{"name": "cache", "emptyDir": {}}],
+        "containers": [
+            {"name": "worker", "env": [{"name": "HF_HOME", "value": "/models"}],
+             "volumeMounts": [{"name": "cache", "mountPath": "/cache"}]},
+            {"name": "log-shipper", "image": "fluent-bit:3"},
+        ],
+    },
+}  # fmt: skip
+
+
+def test_pod_template_is_the_base_the_operator_builds_on() -> None:
+    pool, body = _pool(podTemplate=TEMPLATE, tolerations=[{"key": "gpu", "operator": "Exists"}])
+    pod = worker_pod(pool, body, "qwen-tp2-0", 2)
+    spec, meta = pod["spec"], pod["metadata"]
+    assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "q"
+    assert meta["labels"]["heddle.dev/pool"] == "qwen" and meta["annotations"]["a"] == "b"
+    assert SPEC_HASH in meta["annotations"]
+    assert (spec["priorityClassName"], spec["serviceAccountName"]) == ("rl", "puller")
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert spec["automountServiceAccountToken"] is False  # workers never call the API
+    assert spec["securityContext"]["fsGroup"] == 10001 and spec["securityContext"]["runAsNonRoot"]
+    assert [t["key"] for t in spec["tolerations"]] == ["spot", "gpu"]  # lists concatenate
+    assert {v["name"] for v in spec["volumes"]} == {"cache", "heddle-shm"}
+    worker, sidecar = spec["containers"]
+    assert worker["name"] == "worker" and worker["image"] == "registry/worker:1"
+    assert worker["env"] == [{"name": "HF_HOME", "value": "/models"}]
+    assert [m["mountPath"] for m in worker["volumeMounts"]] == ["/cache", "/dev/shm"]
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert sidecar == {"name": "log-shipper", "image": "fluent-bit:3"}
+
+
+def test_a_template_change_rolls_the_workers() -> None:
+    plain, _ = _pool()
+    templated, _ = _pool(podTemplate=TEMPLATE)
+    assert spec_hash(plain) != spec_hash(templated)
+
+
+@pytest.mark.parametrize(
+    ("template", "error"),
+    [
+        ({"spec": {"containers": [{"name": "worker", "image": "x"}]}}, r"containers\[0\]\.image"),
+        ({"spec": {"containers": [{"name": "worker", "resources": {}}]}}, "use spec.resources"),
+        ({"spec": {"restartPolicy": "Always"}}, "spec.restartPolicy is set by the operator"),
+        ({"metadata": {"labels": {"heddle.dev/pool": "x"}}}, "belong to the operator"),
+        ({"metadata": {"name": "x"}}, "labels and annotations only"),
+        ({"spec": {"containers": [{"image": "x"}]}}, "needs a name"),
+        ({"kind": "Pod"}, "must be a pod template"),
+    ],
+)
+def test_a_template_that_sets_what_the_operator_owns_is_refused(
+    template: dict[str, Any], error: str
+) -> None:
+    with pytest.raises(ManifestError, match=error):
+        _pool(podTemplate=template)
