@@ -137,6 +137,13 @@ class WorkerClient:
             if exc.status not in (404, 409):
                 raise
 
+    async def load_weights(self, path: str, version: str, *, timeout: float) -> bool:
+        """POST /v1/weights; True when the worker loaded, False when it already served them."""
+        data = await self._request(
+            "POST", "/v1/weights", json_body={"path": path, "version": version}, timeout=timeout
+        )
+        return bool(data["loaded"])
+
     async def ready(self, timeout: float = 5.0) -> bool:
         try:
             status, _ = await self.http.request("GET", "/readyz", timeout=timeout)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from heddle.exceptions import HeddleError, ManifestError
+from heddle.exceptions import CheckpointError, HeddleError, ManifestError
 from heddle.scheduler import WorkloadSpec
 
 from ._builders import condition, merge_conditions, now_iso
@@ -258,6 +258,9 @@ async def run_job(
     assert pool_body is not None
     try:
         await _run_session(ctx, job, files, pool_body, status, stopped, sleep, valid)
+    except CheckpointError as exc:
+        await status.write("Failed", [condition("WeightsLoaded", False, "CheckpointNotLoaded",
+                           str(exc))], completionTime=now_iso())  # fmt: skip
     except HeddleError as exc:
         await status.write("Failed", [condition("Complete", False, "SessionFailed", str(exc))],
                            completionTime=now_iso())  # fmt: skip
@@ -311,6 +314,8 @@ async def _run_session(
         malformed_tasks=len(local.tasks.errors),
         config=ctx.session_config,
         metrics=ctx.metrics,
+        weights=job.weights,
+        weight_versions=runtime.weight_versions,
     )
     ctx.sessions[key] = session
     started = now_iso()
