@@ -93,10 +93,13 @@ class WorkerClient:
         sampling: Mapping[str, Any],
         priority: int,
         reset: bool = False,
+        weight_version: str | None = None,
     ) -> StepReply:
         body: dict[str, Any] = {"sampling": dict(sampling), "priority": priority}
         if reset:
             body["reset"] = True
+        if weight_version is not None:
+            body["weight_version"] = weight_version
         if append_token_ids is not None:
             body["append_token_ids"] = list(append_token_ids)
         elif messages:

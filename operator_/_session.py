@@ -469,8 +469,12 @@ class RolloutSession:
             except WorkerRejectedError as exc:
                 run.resident = None
                 # 404: the worker lost the context (restarted): recompute. 409: an abandoned
-                # step still runs there. Anything else is the request's fault: no retry.
-                if exc.status not in (404, 409):
+                # step still runs there. 421: it serves other weights (restarted): reload
+                # them there, the step goes elsewhere. Else the request's fault: no retry.
+                if exc.status == 421:
+                    self._live.discard(name)
+                    self._admit(name)
+                elif exc.status not in (404, 409):
                     raise
             # Every retry waits, doubling per attempt of this step: nothing loops hot.
             await asyncio.sleep(delay)
@@ -509,6 +513,7 @@ class RolloutSession:
                 sampling=sampling,
                 priority=priority,
                 reset=reset,
+                weight_version=self.weights.spec.version if self.weights.spec else None,
             )
             run.resident = name
             traj.instance = name

@@ -201,6 +201,7 @@ _WHY = {
     400: "the body is not JSON, or the context would exceed the model's max length",
     404: "the trajectory is not resident on this worker",
     409: "a step of the trajectory is running",
+    421: "the worker serves other weights than the step's weight_version",
     413: "the body is over the worker's --max-body-mib",
     422: "a field is invalid (named, with its valid range)",
     503: "not ready, loading weights, shutting down, or the engine failed: try another worker",
@@ -394,10 +395,17 @@ def create_app(
     @app.post(
         "/v1/trajectories/{trajectory_id}/generate",
         response_model=GenerateResponse,
-        responses=_errors(400, 404, 409, 413, 422, 503),
+        responses=_errors(400, 404, 409, 413, 421, 422, 503),
     )
     async def generate(trajectory_id: str, body: GenerateRequest, request: Request) -> Response:
         _refuse_when_unavailable()
+        served = engine.weights.version if engine.weights else None
+        if body.weight_version is not None and body.weight_version != served:
+            raise ApiError(
+                421,
+                f"the worker serves weights version {served!r}, the step asks for "
+                f"{body.weight_version!r}; load them with POST /v1/weights, then retry",
+            )
         if trajectory_id in state.busy:
             raise ApiError(409, f"a step of trajectory {trajectory_id!r} is already running")
         _check_vocab("sampling.stop_token_ids", body.sampling.stop_token_ids)

@@ -121,6 +121,9 @@ class GenerateRequest(_Strict):
     reset: bool = Field(
         False, description="start the context afresh from what this request appends"
     )
+    weight_version: str | None = Field(
+        None, description="refuse the step (421) unless the worker serves this weights version"
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> GenerateRequest:

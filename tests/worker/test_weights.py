@@ -90,8 +90,15 @@ async def test_sim_worker_loads_a_version_reports_it_and_refuses_a_missing_path(
     async with worker(sim()) as client:
         before = (await client.get("/v1/state")).json()
         assert before["weight_version"] is None and before["weights_path"] == "sim"
+        early = await client.post("/v1/trajectories/e/generate", json=step([1], weight_version="step-1"))
+        assert early.status_code == 421
+        assert early.json()["error"].startswith(
+            "the worker serves weights version None, the step asks for 'step-1'"
+        )
         loaded = await client.post("/v1/weights", json={"path": path, "version": "step-1"})
         assert loaded.status_code == 200, loaded.text
+        on_time = step([1], weight_version="step-1")
+        assert (await client.post("/v1/trajectories/e/generate", json=on_time)).status_code == 200
         assert loaded.json()["loaded"] is True and loaded.json()["version"] == "step-1"
         state = (await client.get("/v1/state")).json()
         assert (state["weight_version"], state["weights_path"]) == ("step-1", path)
