@@ -78,7 +78,7 @@ class _Metrics:
         self.waiting = Gauge("heddle_worker_waiting", "steps waiting", registry=r)
         self.imports = Counter("heddle_worker_imports", "contexts imported (PUT)", registry=r)
         self.exports = Counter("heddle_worker_exports", "contexts exported (GET)", registry=r)
-        self.weights = Info("heddle_worker_weights", "the weights served: version, path", registry=r)
+        self.weights = Info("heddle_worker_weights", "the weights served", registry=r)
         self.weight_loads = Counter(
             "heddle_worker_weight_loads", "in-place loads by result", ["result"], registry=r
         )

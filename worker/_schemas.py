@@ -195,9 +195,7 @@ class StateResponse(_Strict):
 class WeightsRequest(_Strict):
     """Load a checkpoint in place (no restart, the KV cache stays allocated)."""
 
-    path: str = Field(
-        min_length=1, description="checkpoint directory (config.json, *.safetensors)"
-    )
+    path: str = Field(min_length=1, description="checkpoint directory (config.json, *.safetensors)")
     version: str = Field(
         min_length=1, max_length=253, description="the version to report (e.g. the RL step)"
     )

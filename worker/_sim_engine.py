@@ -25,6 +25,7 @@ import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+
 from heddle.scheduler import PerfModel
 
 from ._engine import Engine, EngineError, EngineStats, Sampling, StepOutput

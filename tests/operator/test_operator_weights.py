@@ -32,7 +32,9 @@ async def test_the_pool_serves_the_jobs_version_and_shows_it_per_instance(tmp_pa
 
         async def versions() -> list[Any] | None:
             ep = await c.get("enginepools", "p")
-            found = [i.get("weightVersion") for i in (ep or {}).get("status", {}).get("instances", [])]
+            found = [
+                i.get("weightVersion") for i in (ep or {}).get("status", {}).get("instances", [])
+            ]
             return found if found == ["3", "3"] else None
 
         await wait_for(versions, 30, "weightVersion 3 on both instances")

@@ -86,9 +86,7 @@ def test_every_worker_serves_the_version_before_a_step_and_records_carry_it(
     tasks, env = _synthetic(4, 2)
     out = tmp_path / "out.jsonl"
     versions: dict[str, str] = {}
-    session = _session(
-        workers[:1], out, tasks, env, 2, weights=weights, weight_versions=versions
-    )
+    session = _session(workers[:1], out, tasks, env, 2, weights=weights, weight_versions=versions)
 
     async def go() -> None:
         run = asyncio.create_task(session.run())

@@ -59,7 +59,7 @@ def test_another_model_is_refused_naming_the_path_and_the_difference(
 ) -> None:
     running = checkpoint_layout(fake_checkpoint(tmp_path / "a"))
     new = checkpoint_layout(fake_checkpoint(tmp_path / "b", shapes, arch))
-    with pytest.raises(CheckpointError, match="checkpoint .*/b") as caught:
+    with pytest.raises(CheckpointError, match=r"checkpoint .*/b") as caught:
         check_compatible(new, running)
     assert says in str(caught.value)
 
@@ -68,7 +68,7 @@ def test_unloadable_directories_say_what_is_wrong(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="does not exist or is not a directory"):
         checkpoint_layout(str(tmp_path / "nowhere"))
     (tmp_path / "empty").mkdir()
-    with pytest.raises(CheckpointError, match="has no config.json"):
+    with pytest.raises(CheckpointError, match=r"has no config\.json"):
         checkpoint_layout(str(tmp_path / "empty"))
     (tmp_path / "empty" / "config.json").write_text("{}")
     with pytest.raises(CheckpointError, match=r"no \*.safetensors files"):
@@ -90,7 +90,9 @@ async def test_sim_worker_loads_a_version_reports_it_and_refuses_a_missing_path(
     async with worker(sim()) as client:
         before = (await client.get("/v1/state")).json()
         assert before["weight_version"] is None and before["weights_path"] == "sim"
-        early = await client.post("/v1/trajectories/e/generate", json=step([1], weight_version="step-1"))
+        early = await client.post(
+            "/v1/trajectories/e/generate", json=step([1], weight_version="step-1")
+        )
         assert early.status_code == 421
         assert early.json()["error"].startswith(
             "the worker serves weights version None, the step asks for 'step-1'"
@@ -142,7 +144,9 @@ async def test_a_load_waits_for_steps_in_flight_and_refuses_new_ones_meanwhile(
         assert finished.status_code == 200 and len(finished.json()["token_ids"]) == 2000
         answer = (await load).json()
         assert answer["loaded"] is True and answer["drained_s"] > 0
-        assert (await client.post("/v1/trajectories/new/generate", json=step([1]))).status_code == 200
+        assert (
+            await client.post("/v1/trajectories/new/generate", json=step([1]))
+        ).status_code == 200
 
 
 class _LoadableStuckEngine(StuckEngine):
