@@ -2,9 +2,10 @@
 
 Reads the same manifests a user would ``kubectl apply``: the RolloutJob, and
 its EnginePool from ``--pool`` or from the job's own file. Relative paths in
-the job (tasks, output, a workload file) resolve against the job file's
-folder. ``model: tiny`` in the pool means the random-weight model that
-``heddle model tiny`` writes (generated once into ``.heddle/models/tiny``).
+the job (tasks, output, a workload file, the checkpoint of ``spec.weights``)
+resolve against the job file's folder. ``model: tiny`` in the pool means the
+random-weight model that ``heddle model tiny`` writes (generated once into
+``.heddle/models/tiny``).
 """
 
 from __future__ import annotations
