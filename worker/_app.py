@@ -565,9 +565,7 @@ def create_app(
             weights_path=engine.weights.path if engine.weights else None,
         )
 
-    @app.post(
-        "/v1/weights", response_model=WeightsResponse, responses=_errors(400, 413, 422, 503)
-    )
+    @app.post("/v1/weights", response_model=WeightsResponse, responses=_errors(400, 413, 422, 503))
     async def load_weights(body: WeightsRequest) -> WeightsResponse:
         _refuse_when_unavailable()
         held = engine.weights
