@@ -324,11 +324,14 @@ async def _run_session(
     await status.write("Running", running, startTime=started)
     task = asyncio.create_task(session.run())
     try:
+        loaded: list[dict[str, str]] = []  # the WeightsLoaded condition, once written
         while not task.done():
             if stopped():
                 task.cancel()
                 break
             await _sync_workers(ctx, job, session, workers)
+            if not loaded and (loaded := _weights_loaded(job, session)):
+                await status.write("Running", loaded)
             await status.write("Running", force=False, **_progress_fields(session.progress()))
             await asyncio.wait({task}, timeout=ctx.status_interval_s)
         with contextlib.suppress(asyncio.CancelledError):
@@ -348,12 +351,23 @@ async def _run_session(
     await status.write(
         "Succeeded",
         [
+            *(loaded or _weights_loaded(job, session)),  # a job quicker than a status round
             condition("Running", False, "Finished", message),
             condition("Complete", True, "AllRecorded", message),
         ],
         completionTime=now_iso(),
         **_progress_fields(p),
     )
+
+
+def _weights_loaded(job: RolloutJobSpec, session: RolloutSession) -> list[dict[str, str]]:
+    """``WeightsLoaded`` once the session's first round of loads is over, else nothing."""
+    if job.weights is None or not session.weights.ready.is_set():
+        return []
+    return [condition("WeightsLoaded", True, "CheckpointLoaded",
+        f"version {job.weights.version} from {job.weights.path} on "
+        f"{sum(v == job.weights.version for v in session.weights.versions.values())} instances",
+    )]  # fmt: skip
 
 
 async def _sync_workers(

@@ -643,7 +643,7 @@ class RolloutSession:
             for name, ok in zip(names, answers, strict=True):
                 if ok:
                     self._strikes[name] = 0
-                    if name not in self._live:
+                    if name not in self._live and not self.weights.loading(name):
                         log.info("%s: worker %s is ready again", self.job, name)
                         self._admit(name)
                     continue

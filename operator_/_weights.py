@@ -45,6 +45,10 @@ class WeightsKeeper:
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._pending: set[str] = set()
 
+    def loading(self, name: str) -> bool:
+        """Whether a load on ``name`` is queued or under way."""
+        return name in self._pending
+
     def request(self, name: str) -> None:
         """Load on ``name`` (a worker that joined or came back) before it takes steps."""
         if name not in self._pending:

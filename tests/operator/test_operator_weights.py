@@ -29,6 +29,9 @@ async def test_the_pool_serves_the_jobs_version_and_shows_it_per_instance(tmp_pa
         obj = await _finished(c, "j")
         assert obj["status"]["phase"] == "Succeeded", obj["status"]
         assert {r["weight_version"] for r in read_records(out)} == {"3"}
+        cond = _condition(obj, "WeightsLoaded")
+        assert cond is not None and cond["status"] == "True", obj["status"]
+        assert cond["message"] == f"version 3 from {checkpoint} on 2 instances"
 
         async def versions() -> list[Any] | None:
             ep = await c.get("enginepools", "p")

@@ -106,17 +106,32 @@ def test_a_worker_restarted_mid_run_is_brought_back_to_the_version(
 ) -> None:
     pool, workers = sim_pool
     weights = WeightsSpec(fake_checkpoint(tmp_path / "step-8"), "8")
-    tasks, env = _synthetic(8, 2, tool_scale=0.5)
+    tasks, env = _synthetic(16, 4, tool_scale=2.0)  # runs long enough to see the worker back
     out = tmp_path / "out.jsonl"
-    session = _session(workers, out, tasks, env, 2, weights=weights)
+    session = _session(workers, out, tasks, env, 4, weights=weights)
+
+    async def version_of(worker: WorkerEndpoint) -> str | None:
+        async with httpx.AsyncClient() as http:
+            state = (await http.get(f"{worker.url}/v1/state")).json()
+            return state["weight_version"]  # type: ignore[no-any-return]
 
     async def go() -> None:
         run = asyncio.create_task(session.run())
         while not out.exists() or not read_records(out):
             await asyncio.sleep(0.02)
         pool.kill(workers[0].name)
-        await pool.restart(workers[0].name)  # comes back on its start-up weights
-        await run
+        # A new process, on its start-up weights (it may be reloaded before we can look).
+        await pool.restart(workers[0].name)
+        for _ in range(200):  # the session reloads it before it takes steps again
+            if await version_of(workers[0]) == "8" and workers[0].name in session._live:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail("the restarted worker was not brought back to version 8")
+        assert not run.done()
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
 
     asyncio.run(go())
     assert _versions(workers) == ["8", "8"]
