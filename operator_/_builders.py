@@ -21,6 +21,7 @@ __all__ = [
     "DRAINING",
     "LABEL_POOL",
     "LABEL_TP",
+    "MAX_CONDITION_MESSAGE",
     "SPEC_HASH",
     "WORKER_PORT",
     "condition",
@@ -182,7 +183,14 @@ def shape_of(tps: Iterable[int]) -> PoolShape:
     return PoolShape.of(Counter(tps))
 
 
+MAX_CONDITION_MESSAGE = 32768  # metav1.Condition's limit: the API server refuses longer
+
+
 def condition(kind: str, status: bool, reason: str, message: str) -> dict[str, str]:
+    """A metav1.Condition-shaped entry; ``reason`` is CamelCase (the CRD's pattern)."""
+    if len(message) > MAX_CONDITION_MESSAGE:
+        cut = " ... (truncated)"
+        message = message[: MAX_CONDITION_MESSAGE - len(cut)] + cut
     return {
         "type": kind,
         "status": "True" if status else "False",
@@ -193,14 +201,23 @@ def condition(kind: str, status: bool, reason: str, message: str) -> dict[str, s
 
 
 def merge_conditions(
-    current: Sequence[Mapping[str, Any]], updates: Sequence[Mapping[str, Any]]
+    current: Sequence[Mapping[str, Any]],
+    updates: Sequence[Mapping[str, Any]],
+    *,
+    generation: int | None,
 ) -> list[dict[str, Any]]:
-    """Replace conditions by type; keep lastTransitionTime when the status did not change."""
+    """Replace conditions by type; keep lastTransitionTime when the status did not change.
+
+    Each updated condition records the ``generation`` of the spec it was computed
+    from (``observedGeneration``), as metav1.Condition does.
+    """
     merged = {c["type"]: dict(c) for c in current}
     for new in updates:
         old = merged.get(new["type"])
         entry = dict(new)
         if old is not None and old.get("status") == new["status"]:
             entry["lastTransitionTime"] = old.get("lastTransitionTime", new["lastTransitionTime"])
+        if generation is not None:
+            entry["observedGeneration"] = generation
         merged[new["type"]] = entry
     return list(merged.values())

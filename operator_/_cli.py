@@ -16,6 +16,7 @@ from typing import Any
 from heddle import __version__
 from heddle.exceptions import HeddleError
 
+from ._cli_export import add_export_parser
 from ._cli_run import add_operator_parser, add_run_parser
 
 __all__ = ["main"]
@@ -474,6 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument("--seed", type=int, default=1)
     p_bench.add_argument("--out", default="bench-out", help="directory for the JSON result")
     p_bench.set_defaults(func=_cmd_bench)
+    add_export_parser(sub)
     return parser
 
 

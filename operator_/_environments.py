@@ -15,10 +15,14 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from heddle.scheduler import TrajectoryScript, WorkloadSpec, generate
 
 from ._tasks import Task
+
+if TYPE_CHECKING:  # _rewards imports _tools, which builds on this module
+    from ._rewards import RewardScorer
 
 __all__ = ["Environment", "Episode", "Outcome", "SyntheticEnvironment", "synthetic_tasks"]
 
@@ -59,6 +63,7 @@ class Episode(ABC):
 
 class Environment(ABC):
     name: str
+    reward: RewardScorer | None = None  # scores each finished trajectory (the session calls it)
 
     @abstractmethod
     def episode(self, task: Task, task_index: int, sample: int, trajectory_id: str) -> Episode:

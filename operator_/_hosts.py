@@ -82,6 +82,15 @@ class HostAllowList:
 def check_tool_hosts(job: RolloutJobSpec, allowed: HostAllowList | None) -> None:
     """Raise :class:`ManifestError` for the first tool endpoint outside ``allowed``."""
     tools = job.environment.tools
+    reward = job.environment.reward
+    if allowed is not None and reward is not None and reward.type == "http":
+        host = urlsplit(reward.url).hostname or ""
+        if not allowed.allows(host):
+            raise ManifestError(
+                f"RolloutJob {job.name!r} spec.environment.reward.url: host {host!r} is not "
+                f"among the hosts this operator lets tools reach ({ALLOWED_HOSTS_ENV}); use "
+                "an allowed host or ask the admin to add it"
+            )
     if allowed is None or tools is None:
         return
     for i, endpoint in enumerate(tools.endpoints):

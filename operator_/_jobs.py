@@ -127,7 +127,7 @@ class _Status:
                 *conditions,
                 condition("Failed", True, str(cause["reason"]), str(cause["message"])),
             ]
-        self.conditions = merge_conditions(self.conditions, conditions)
+        self.conditions = merge_conditions(self.conditions, conditions, generation=self.generation)
         status = {
             "phase": phase,
             "observedGeneration": self.generation,

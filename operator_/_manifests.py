@@ -18,6 +18,7 @@ from heddle.exceptions import ConfigError, ManifestError
 from heddle.scheduler import POLICIES, SAMPLING_LIMITS, PoolShape, check_tp_sizes
 
 from ._fields import Fields
+from ._reward_spec import RewardSpec, parse_reward
 from ._yaml import read_text, safe_load_all
 
 __all__ = [
@@ -64,7 +65,12 @@ def _metadata(doc: Mapping[str, Any], kind: str) -> tuple[str, str]:
 
 
 def check_trajectories(tasks: int, samples_per_task: int, where: str) -> None:
-    """Refuse a job too large for one session to hold (tasks x samples)."""
+    """Refuse a job with nothing to run, or too large for one session to hold (tasks x samples)."""
+    if tasks == 0:
+        raise ManifestError(
+            f"{where}: no task to run: the task source is empty or every row is malformed "
+            "(each is reported with its line); fix the task rows"
+        )
     if tasks * samples_per_task > MAX_TRAJECTORIES:
         raise ManifestError(
             f"{where}: {tasks} tasks x {samples_per_task} samples is more than "
@@ -95,7 +101,7 @@ class VLLMSpec:
 
 @dataclass(frozen=True)
 class EnginePoolSpec:
-    """A GPU budget running one model; ``shape`` None means ``auto``."""
+    """A GPU budget running one model; ``shape`` None: the shape planner decides."""
 
     name: str
     namespace: str
@@ -150,19 +156,23 @@ class EnginePoolSpec:
 
 
 def _shape(f: Fields, sizes: tuple[int, ...], gpus: int) -> PoolShape | None:
-    raw = f.raw("shape", "auto")
-    if raw == "auto":
-        return None
+    raw = f.raw("shape")
+    if raw is None:
+        return None  # the shape planner decides
     where = f.where("shape")
     if not isinstance(raw, list) or not raw:
-        raise ManifestError(f"{where}={raw!r} must be 'auto' or a list of {{tp, replicas}}")
+        raise ManifestError(
+            f"{where}={raw!r} must be a list of {{tp, replicas}}; omit it to let the planner decide"
+        )
     counts: dict[int, int] = {}
     for i, entry in enumerate(raw):
         e = Fields(entry, f"{where}[{i}]")
         tp = e.integer("tp", minimum=1)
         if tp not in sizes:
             raise ManifestError(f"{e.where('tp')}={tp} is not in tensorParallelSizes {list(sizes)}")
-        counts[tp] = counts.get(tp, 0) + e.integer("replicas", 1, minimum=1)
+        if tp in counts:
+            raise ManifestError(f"{e.where('tp')}={tp} appears twice; give one entry per tp")
+        counts[tp] = e.integer("replicas", 1, minimum=1)
         e.done()
     shape = PoolShape.of(counts)
     if shape.gpus > gpus:
@@ -246,10 +256,12 @@ class EnvironmentSpec:
     type: str
     tools: ToolsSpec | None = None
     synthetic: SyntheticSpec | None = None
+    reward: RewardSpec | None = None  # None: records carry reward null
 
 
 def _environment(f: Fields) -> EnvironmentSpec:
     kind = f.choice("type", ("tools", "synthetic"), "tools")
+    reward = parse_reward(f.sub("reward")) if f.has("reward") else f.raw("reward")
     if kind == "tools":
         t = f.sub("tools")
         endpoints = []
@@ -278,7 +290,7 @@ def _environment(f: Fields) -> EnvironmentSpec:
         )
         t.done()
         f.raw("synthetic")
-        return EnvironmentSpec("tools", tools=tools)
+        return EnvironmentSpec("tools", tools=tools, reward=reward)
     s = f.sub("synthetic")
     workload = s.required("workload")
     if not isinstance(workload, str | Mapping):
@@ -290,7 +302,7 @@ def _environment(f: Fields) -> EnvironmentSpec:
     )
     s.done()
     f.raw("tools")
-    return EnvironmentSpec("synthetic", synthetic=synthetic)
+    return EnvironmentSpec("synthetic", synthetic=synthetic, reward=reward)
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ DRAINING_SINCE = "heddle.dev/draining-since"
 class PoolRuntime:
     """What the operator remembers about a pool between rounds (lost on restart: fine)."""
 
-    planned: PoolShape | None = None  # set by the running job's shape planner ('auto')
+    planned: PoolShape | None = None  # set by the running job's shape planner (no pinned shape)
     last_status: dict[str, Any] = field(default_factory=dict)
     reshapes: int = 0
     weight_versions: dict[str, str] = field(default_factory=dict)  # instance -> version (jobs)
@@ -108,6 +108,7 @@ async def reconcile_pool(
                 status.get("conditions", []),
                 [condition("Degraded", True, "InvalidSpec", str(exc)),
                  condition("Ready", False, "InvalidSpec", "fix the spec (see Degraded)")],
+                generation=meta.get("generation"),
             ), "observedGeneration": meta.get("generation")},
         )  # fmt: skip
         return
@@ -120,8 +121,13 @@ async def reconcile_pool(
         if not view.draining:
             continue
         since = float((pod["metadata"].get("annotations") or {}).get(DRAINING_SINCE, now))
-        if resident.get(view.name, 0) == 0 or now - since > drain_timeout_s:
+        left = resident.get(view.name, 0)
+        if left == 0 or now - since > drain_timeout_s:
             drained.add(view.name)
+            log.info(
+                "EnginePool %s/%s: %s %s", namespace, name, view.name,
+                f"drain timed out with {left} trajectories on it" if left else "is empty",
+            )  # fmt: skip
     actions = plan_pool(name, views, desired, pool.gpus, drained)
     for note in actions.notes:
         log.info("EnginePool %s/%s: %s", namespace, name, note)
@@ -220,7 +226,9 @@ async def _write_status(
     if comparable == runtime.last_status:
         return
     current = (body.get("status") or {}).get("conditions", [])
-    status["conditions"] = merge_conditions(current, updates)
+    status["conditions"] = merge_conditions(
+        current, updates, generation=body["metadata"].get("generation")
+    )
     await _patch_status(kube, body, runtime, status)
     runtime.last_status = comparable
 

@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = ["Progress", "SessionMetrics", "TokenRate"]
 
@@ -92,6 +92,16 @@ class SessionMetrics:
         )
         self.tool_calls = Counter(
             "heddle_rollout_tool_calls", "tool calls by outcome", ["job", "outcome"], registry=r
+        )
+        self.reward_calls = Counter(
+            "heddle_rollout_reward_calls", "reward calls by outcome", ["job", "outcome"], registry=r
+        )
+        self.reward_seconds = Histogram(
+            "heddle_rollout_reward_seconds",
+            "time to score one trajectory, retries included",
+            ["job"],
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120),
+            registry=r,
         )
         self.malformed_tasks = Counter(
             "heddle_rollout_malformed_tasks",

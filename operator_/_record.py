@@ -52,6 +52,10 @@ class TrajectoryRun:
     status: str = "running"
     finish_reason: str = ""
     error: str | None = None
+    reward: float | None = None
+    reward_info: Mapping[str, Any] | None = None
+    reward_error: str | None = None
+    scoring: bool = False  # finished, its reward call under way
 
     def apply(self, worker: str, reply: StepReply, want_logprobs: bool) -> None:
         """Fold a finished step into the history."""
@@ -130,7 +134,12 @@ class TrajectoryRun:
             },
             "policy": policy,
             "metadata": dict(self.task.metadata),
+            "task_index": self.task_index,  # place in the task set: the trainer's batch order
+            "task_fields": dict(self.task.fields),
         }
         if want_logprobs:
             rec["response_logprobs"] = self.logprobs
+        rec["reward"] = self.reward
+        rec["reward_info"] = None if self.reward_info is None else dict(self.reward_info)
+        rec["reward_error"] = self.reward_error
         return rec

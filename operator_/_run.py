@@ -39,6 +39,7 @@ from ._manifests import EnginePoolSpec, RolloutJobSpec, check_trajectories, load
 from ._output import OutputSink
 from ._presets import WORKLOAD_PRESETS, load_workload
 from ._progress import Progress, SessionMetrics
+from ._rewards import make_scorer
 from ._session import RolloutSession, SessionConfig, SessionResult
 from ._tasks import TaskSet, read_tasks
 from ._tools import ToolsEnvironment
@@ -146,7 +147,7 @@ def perf_model_for(pool: EnginePoolSpec) -> PerfModel:
 
 
 def plan_shape(local: LocalJob, perf: PerfModel) -> PoolShape:
-    """A pinned shape as given; ``auto`` from the predictor's prior over the job's trajectories."""
+    """A pinned shape as given; otherwise planned from the predictor's prior (no history)."""
     pool = local.pool
     if pool.shape is not None:
         return pool.shape
@@ -173,6 +174,12 @@ def plan_shape(local: LocalJob, perf: PerfModel) -> PoolShape:
 
 
 def build_environment(local: LocalJob) -> Environment:
+    environment = _environment(local)
+    environment.reward = make_scorer(local.job.environment.reward)
+    return environment
+
+
+def _environment(local: LocalJob) -> Environment:
     env = local.job.environment
     if env.type == "synthetic":
         assert env.synthetic is not None and local.workload is not None

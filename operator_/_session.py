@@ -218,6 +218,8 @@ class RolloutSession:
         """No new steps go there; contexts in tool calls migrate off (docs/operator.md)."""
         if name not in self._draining:
             self._draining.add(name)
+            log.info("%s: worker %s drains; %d trajectories on it", self.job, name,
+                     self.resident_on(name))  # fmt: skip
             self._replan_now.set()  # start moving trajectories off now, not at the next period
 
     def remove_worker(self, name: str) -> None:
@@ -283,6 +285,8 @@ class RolloutSession:
                 t.cancel()
             await asyncio.gather(*tasks, *helpers, return_exceptions=True)
             await self.environment.close()
+            if self.environment.reward is not None:
+                await self.environment.reward.close()
             for http in self._pools.values():
                 await http.aclose()
             if deadline_hit:
@@ -351,7 +355,10 @@ class RolloutSession:
 
     def _truncate_unfinished(self) -> None:
         for run in self.runs.values():
-            if run.status == "running":
+            if run.scoring:  # finished; only its score was cut short
+                run.reward_error = "the deadline came before the reward endpoint answered"
+                self._write(run)
+            elif run.status == "running":
                 run.status, run.finish_reason = "truncated", "deadline"
                 self._write(run)
 
@@ -363,7 +370,7 @@ class RolloutSession:
         while True:
             remaining = self.sampling.max_total_tokens - traj.generated_tokens
             if remaining <= 0:
-                return self._finish(run, "truncated", "length")
+                return await self._finish(run, "truncated", "length")
             max_tokens, ignore_eos = run.episode.turn_limit(
                 traj.turns, self.sampling.max_tokens_per_turn
             )
@@ -374,11 +381,11 @@ class RolloutSession:
                 worker, reply = await self._step(run, max_tokens, ignore_eos)
             except WorkerRejectedError as exc:
                 if exc.status == 400 and "max length" in str(exc):
-                    return self._finish(run, "truncated", "context_length", str(exc))
+                    return await self._finish(run, "truncated", "context_length", str(exc))
                 # The request itself is at fault: sending it again would fail again.
-                return self._finish(run, "failed", "failed", str(exc), rejected=exc)
+                return await self._finish(run, "failed", "failed", str(exc), rejected=exc)
             except StepFailedError as exc:
-                return self._finish(run, "failed", "failed", str(exc))
+                return await self._finish(run, "failed", "failed", str(exc))
             run.apply(worker, reply, self.sampling.logprobs)
             self._steps += 1
             self._tokens += len(reply.token_ids)
@@ -407,11 +414,11 @@ class RolloutSession:
                 self.metrics.tool_calls.labels(self.job, "error").inc()
             if outcome.done:
                 status = "failed" if outcome.finish_reason == "failed" else "done"
-                return self._finish(run, status, outcome.finish_reason, outcome.error)
+                return await self._finish(run, status, outcome.finish_reason, outcome.error)
             run.pending.extend(outcome.messages)
             run.tool_latency_s.append(tool_s)
             if outcome_done:
-                return self._finish(run, "truncated", reason)
+                return await self._finish(run, "truncated", reason)
             self._predict(run)
 
     async def _step(
@@ -550,7 +557,7 @@ class RolloutSession:
         if self.predictor is not None:
             self.predictor.update(run.traj)
 
-    def _finish(
+    async def _finish(
         self,
         run: TrajectoryRun,
         status: str,
@@ -566,12 +573,32 @@ class RolloutSession:
         run.traj.predicted_remaining_tokens = 0.0
         if self.predictor is not None and status == "done":
             self.predictor.finish(run.traj)
-        if status == "failed" and len(self._failures) < 10:
-            self._failures.append(f"{run.task.id}#{run.sample}: {error}")
-        self._write(run)
         if run.resident is not None:
             self._release_later(run.resident, run.traj.id)
             run.resident = None
+        if status != "failed":
+            await self._score(run)
+        if run.status == "failed" and len(self._failures) < 10:
+            self._failures.append(f"{run.task.id}#{run.sample}: {run.error}")
+        self._write(run)
+
+    async def _score(self, run: TrajectoryRun) -> None:
+        """Ask the environment's reward for a score; a deadline mid-call still writes the run."""
+        scorer = self.environment.reward
+        if scorer is None:
+            return
+        run.scoring = True
+        record = run.record(policy=self.policy.name, want_logprobs=False)
+        for key in ("reward", "reward_info", "reward_error"):  # what the scorer is to fill
+            del record[key]
+        got = await scorer.score(record)
+        run.scoring = False
+        run.reward, run.reward_info, run.reward_error = got.reward, got.info, got.error
+        self.metrics.reward_calls.labels(self.job, "ok" if got.error is None else "error").inc()
+        self.metrics.reward_seconds.labels(self.job).observe(got.seconds)
+        if got.error is not None and scorer.spec.on_error == "fail":
+            run.status, run.finish_reason, run.error = "failed", "reward_failed", got.error
+            run.traj.state = TrajectoryState.FAILED
 
     def _note_finish(self, rejected: WorkerRejectedError | None) -> None:
         """Give up when the first finishes were all rejected alike: the rest would be too."""

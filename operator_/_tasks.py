@@ -3,8 +3,9 @@
 A task is ``{"id": ..., "messages": [{"role", "content"}, ...]}`` or
 ``{"id": ..., "prompt": "..."}`` (a single user message), with an optional
 ``system`` string and a free-form ``metadata`` object copied to the output.
-A malformed entry is reported with its line number and skipped; the others
-go on (docs/rollouts.md).
+Rows as verl, slime and SkyRL write them, and parquet files, are read too
+(``_formats.py``). A malformed entry is reported with its line number and
+skipped; the others go on (docs/rollouts.md).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from heddle.exceptions import ManifestError, TaskError
 
+from ._formats import parquet_rows, split_trainer_row
 from ._yaml import read_text
 
 __all__ = ["Task", "TaskSet", "parse_task", "read_tasks"]
@@ -29,6 +31,7 @@ class Task:
     id: str
     messages: tuple[Mapping[str, str], ...]
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    fields: Mapping[str, Any] = field(default_factory=dict)  # a trainer row's own (_formats.py)
 
 
 @dataclass
@@ -41,6 +44,7 @@ class TaskSet:
 
 def parse_task(raw: Any, where: str, default_id: str) -> Task:
     """One task entry; raises :class:`TaskError` naming ``where`` and the fault."""
+    raw, fields = split_trainer_row(raw, where)
     if not isinstance(raw, Mapping):
         raise TaskError(where, f"a task must be a JSON object, got {_kind(raw)}")
     unknown = set(raw) - {"id", "messages", "prompt", "system", "metadata"}
@@ -78,7 +82,7 @@ def parse_task(raw: Any, where: str, default_id: str) -> Task:
     metadata = raw.get("metadata", {})
     if not isinstance(metadata, Mapping):
         raise TaskError(where, f"metadata must be an object, got {_kind(metadata)}")
-    return Task(str(task_id), tuple(messages), dict(metadata))
+    return Task(str(task_id), tuple(messages), dict(metadata), fields)
 
 
 def _kind(value: Any) -> str:
@@ -129,6 +133,8 @@ def read_tasks(
     if inline is not None:
         return _collect((f"tasks.inline[{i}]", f"task-{i}", raw) for i, raw in enumerate(inline))
     source = "tasks"
+    if path is not None and path.suffix == ".parquet":
+        return _collect(parquet_rows(path))
     if path is not None:
         source = str(path)
         text = read_text(path, "task file", "fix spec.tasks.path", ManifestError)

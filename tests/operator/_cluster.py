@@ -5,7 +5,8 @@ lists, watches and patches; the subclass adds what kopf relies on and kmock
 leaves out (uid, resourceVersion, generation, creationTimestamp,
 generateName, status-subresource semantics, 409 on a stale resourceVersion).
 Custom objects are validated against the CRD schemas in ``crds/`` on create
-and update, as a real server would (422 with the schema error).
+and update, CEL rules and list-map keys included (``_crd_rules``), as a real
+server would (422 with the schema error or the rule's message).
 
 ``Kubelet`` fakes the node: it polls Pods through the same HTTP API, starts a
 real ``heddle worker`` process (simulated engine) for each on its own
@@ -39,6 +40,8 @@ import yaml
 
 from heddle.operator._local import die_with_parent
 
+from ._crd_rules import rule_errors
+
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ("pods", "services", "configmaps", "events")
 
@@ -55,9 +58,12 @@ def crd_schemas() -> dict[str, dict[str, Any]]:
 
 
 def validate(plural: str, obj: dict[str, Any]) -> None:
-    """Raise ``jsonschema.ValidationError`` if ``obj`` breaks its CRD schema."""
+    """Raise ``jsonschema.ValidationError`` if ``obj`` breaks its CRD schema or a CEL rule."""
     schema = crd_schemas()[plural]
     jsonschema.Draft4Validator(schema).validate(obj)
+    errors = rule_errors(schema, obj)
+    if errors:
+        raise jsonschema.ValidationError("; ".join(errors))
 
 
 class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
@@ -157,6 +163,11 @@ class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
             raise kmock.KubernetesError(
                 status=422, reason="Invalid", message=f"{plural} {where}: {exc.message}"
             ) from None
+        errors = rule_errors(self._schemas[plural], _plain(obj))
+        if errors:
+            raise kmock.KubernetesError(
+                status=422, reason="Invalid", message=f"{plural}: {'; '.join(errors)}"
+            )
 
 
 def _plain(obj: Any) -> Any:

@@ -6,6 +6,7 @@ from typing import Any
 
 from heddle.operator._builders import (
     DRAINING,
+    MAX_CONDITION_MESSAGE,
     condition,
     headless_service,
     merge_conditions,
@@ -86,9 +87,24 @@ def test_pod_phase() -> None:
 
 
 def test_conditions_keep_transition_time_while_status_holds() -> None:
-    first = merge_conditions([], [condition("Ready", False, "A", "a")])
+    first = merge_conditions([], [condition("Ready", False, "A", "a")], generation=1)
     first[0]["lastTransitionTime"] = "2026-01-01T00:00:00Z"
-    same = merge_conditions(first, [condition("Ready", False, "B", "b")])
+    same = merge_conditions(first, [condition("Ready", False, "B", "b")], generation=1)
     assert same[0]["lastTransitionTime"] == "2026-01-01T00:00:00Z" and same[0]["reason"] == "B"
-    flipped = merge_conditions(first, [condition("Ready", True, "C", "c")])
+    flipped = merge_conditions(first, [condition("Ready", True, "C", "c")], generation=1)
     assert flipped[0]["lastTransitionTime"] != "2026-01-01T00:00:00Z"
+
+
+def test_conditions_record_the_generation_they_were_computed_from() -> None:
+    first = merge_conditions([], [condition("Ready", True, "A", "a")], generation=3)
+    later = merge_conditions(first, [condition("Degraded", False, "B", "b")], generation=4)
+    by_type = {c["type"]: c for c in later}
+    # Only what was re-evaluated moves to the new generation (metav1.Condition's meaning).
+    assert by_type["Ready"]["observedGeneration"] == 3
+    assert by_type["Degraded"]["observedGeneration"] == 4
+
+
+def test_a_condition_message_fits_the_api_servers_limit() -> None:
+    c = condition("Failed", True, "Crashed", "x" * (MAX_CONDITION_MESSAGE + 10))
+    assert len(c["message"]) == MAX_CONDITION_MESSAGE
+    assert c["message"].endswith("(truncated)")

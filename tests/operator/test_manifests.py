@@ -297,3 +297,81 @@ def test_a_file_that_is_not_a_manifest_is_refused_without_quoting_it(
         load_manifests(path)
     assert "s3cr3t" not in str(info.value)
     assert "is not a Heddle manifest" in str(info.value) or "is not a mapping" in str(info.value)
+
+
+def _without(doc: dict[str, Any], path: str) -> dict[str, Any]:
+    doc = copy.deepcopy(doc)
+    *parents, last = path.split(".")
+    node = doc
+    for key in parents:
+        node = node[key]
+    del node[last]
+    return doc
+
+
+SYNTHETIC = {"type": "synthetic", "synthetic": {"workload": "coding"}}
+
+# Cross-field rules: the CRD's CEL rule refuses each at `kubectl apply` with the
+# message shown, and the parser (local mode, no API server) refuses it too.
+CROSS_FIELD = [
+    ("enginepools", _with(POOL, "spec.shape", [{"tp": 8, "replicas": 3}]),
+     "more GPUs", "uses 24 GPUs but spec.gpus=16"),
+    ("enginepools", _with(POOL, "spec.shape", [{"tp": 4, "replicas": 2}, {"tp": 4, "replicas": 1}]),
+     "Duplicate value", "appears twice"),
+    ("enginepools", _with(_with(POOL, "spec.tensorParallelSizes", [1, 2]), "spec.shape",
+                          [{"tp": 4, "replicas": 1}]),
+     "one of tensorParallelSizes", "not in tensorParallelSizes"),
+    ("enginepools", _with(_with(POOL, "spec.gpusPerNode", 4), "spec.tensorParallelSizes", [1, 8]),
+     "must divide gpusPerNode", "does not divide"),
+    ("rolloutjobs", _without(JOB, "spec.tasks"), "spec.tasks is required", "tasks"),
+    ("rolloutjobs", _with(JOB, "spec.tasks", {"path": "a.jsonl", "inline": [{"prompt": "x"}]}),
+     "exactly one of tasks", "give one of inline, path or configMap"),
+    ("rolloutjobs", _with(_without(JOB, "spec.tasks"), "spec.environment", {"type": "synthetic"}),
+     "environment.synthetic", "workload"),
+    ("rolloutjobs", _with(JOB, "spec.environment.tools.endpoints",
+                          [{"name": "s", "url": "http://a"}, {"name": "s", "url": "http://b"}]),
+     "Duplicate value", "must be unique"),
+    ("rolloutjobs", _with(JOB, "spec.sampling", {"maxTokensPerTurn": 9000}),
+     "maxTokensPerTurn must be <= maxTotalTokens", "maxTotalTokens"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("plural", "doc", "api_says", "parser_says"), CROSS_FIELD)
+def test_cross_field_rules_are_refused_by_the_api_server_and_the_parser(
+    plural: str, doc: dict[str, Any], api_says: str, parser_says: str
+) -> None:
+    import jsonschema
+
+    from ._cluster import validate
+
+    with pytest.raises(jsonschema.ValidationError, match=api_says):
+        validate(plural, doc)
+    parser = EnginePoolSpec if plural == "enginepools" else RolloutJobSpec
+    with pytest.raises(ManifestError, match=parser_says):
+        parser.from_manifest(doc)
+
+
+@pytest.mark.parametrize(
+    ("plural", "doc"),
+    [
+        ("enginepools", POOL),
+        ("enginepools", _with(POOL, "spec.shape", [{"tp": 8, "replicas": 1}, {"tp": 4}])),
+        ("rolloutjobs", JOB),
+        ("rolloutjobs", _with(_without(JOB, "spec.tasks"), "spec.environment", SYNTHETIC)),
+        ("rolloutjobs", _with(JOB, "spec.tasks", {"configMap": {"name": "t"}})),
+    ],
+)
+def test_valid_manifests_pass_every_cel_rule(plural: str, doc: dict[str, Any]) -> None:
+    from ._cluster import validate
+
+    validate(plural, doc)
+
+
+def test_the_old_auto_shape_gets_a_sentence_saying_what_to_write() -> None:
+    with pytest.raises(ManifestError, match="omit it to let the planner decide"):
+        EnginePoolSpec.from_manifest(_with(POOL, "spec.shape", "auto"))
+
+
+def test_a_job_with_no_task_left_is_refused() -> None:
+    with pytest.raises(ManifestError, match="no task to run"):
+        check_trajectories(0, 4, "RolloutJob 'j'")

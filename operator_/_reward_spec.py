@@ -1,0 +1,56 @@
+"""``spec.environment.reward``: how a finished trajectory gets its score.
+
+Kept apart from the scorers (``_rewards.py``) so the manifest parser does not
+import HTTP code. docs/resources.md documents each field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from heddle.exceptions import ManifestError
+
+from ._fields import Fields
+
+__all__ = ["ON_REWARD_ERROR", "REWARD_TYPES", "RewardSpec", "parse_reward"]
+
+REWARD_TYPES = ("http", "scripted")
+ON_REWARD_ERROR = ("record", "fail")
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """``http``: POST the record to ``url``; ``scripted``: a seeded coin per (task, sample)."""
+
+    type: str
+    url: str = ""
+    timeout_s: float = 30.0  # one attempt, connect to last byte (as for tools)
+    retries: int = 2  # extra attempts after the first
+    on_error: str = "record"  # 'record': reward null + reward_error; 'fail': fail the trajectory
+    success_rate: float = 0.5  # scripted: share of samples scored 1.0 (the rest 0.0)
+    seed: int = 0  # scripted: another seed, other scores
+
+
+def parse_reward(r: Fields) -> RewardSpec:
+    kind = r.choice("type", REWARD_TYPES, "http")
+    on_error = r.choice("onError", ON_REWARD_ERROR, "record")
+    if kind == "scripted":
+        spec = RewardSpec(
+            "scripted",
+            on_error=on_error,
+            success_rate=r.number("successRate", 0.5, minimum=0.0, maximum=1.0),
+            seed=r.integer("seed", 0),
+        )
+    else:
+        url = r.string("url", required=True)
+        if not url.startswith(("http://", "https://")):
+            raise ManifestError(f"{r.where('url')}={url!r} must start with http:// or https://")
+        spec = RewardSpec(
+            "http",
+            url=url,
+            timeout_s=r.number("timeoutSeconds", 30.0, exclusive_minimum=True),
+            retries=r.integer("retries", 2),
+            on_error=on_error,
+        )
+    r.done()
+    return spec
