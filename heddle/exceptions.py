@@ -7,6 +7,7 @@ stdlib-only). Catch :class:`HeddleError` to catch them all.
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointError",
     "ConfigError",
     "EngineInputError",
     "HeddleError",
@@ -86,6 +87,13 @@ class EngineInputError(HeddleError, ValueError):
     """An engine refused a step's input (a token id, a sampling value) as invalid.
 
     The worker answers 422: another worker would refuse it too, so it is never a 503.
+    """
+
+
+class CheckpointError(HeddleError):
+    """A checkpoint cannot be loaded in place (missing, another architecture, other shapes).
+
+    The message names the path and the cause; the engine keeps serving its old weights.
     """
 
 

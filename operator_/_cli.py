@@ -21,7 +21,16 @@ from ._cli_run import add_operator_parser, add_run_parser
 
 __all__ = ["main"]
 
-BENCH_TARGETS = ("rollout", "placement", "shape", "predictor", "worker", "engines", "control-loop")
+BENCH_TARGETS = (
+    "rollout",
+    "placement",
+    "shape",
+    "predictor",
+    "worker",
+    "engines",
+    "control-loop",
+    "weights",
+)
 DEFAULT_POLICIES = "heddle,verl,verl-star,slime"
 
 
@@ -177,6 +186,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"  vLLM generate  {result['median_direct_tokens_per_s']:9.1f} tokens/s (median)")
         print(f"  worker API     {result['median_api_tokens_per_s']:9.1f} tokens/s (median)")
         print(f"  overhead       {100 * result['overhead']:8.1f} %")
+    elif args.target == "weights":
+        from ._weights_bench import bench_weights
+
+        result = bench_weights(model=args.model, rounds=max(1, min(args.repeats, 9)))
+        print(f"weights swap in place vs worker restart ({result['model']}):")
+        print(f"  restart  {result['restart_s']:8.2f} s (stop {result['restart_stop_s']:.2f} s, "
+              f"start until ready {result['restart_start_s']:.2f} s)")  # fmt: skip
+        print(f"  swap     {result['median_swap_s']:8.3f} s (median of {result['rounds']})")
+        print(f"  swap is {result['speedup']:.0f}x faster")
     elif args.target == "predictor":
         workloads = tuple(args.workloads.split(","))
         result = mb.bench_predictor(workloads=workloads, seed=args.seed)
@@ -388,7 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="rollout (default): simulate the workload on the cluster under each "
         "policy and compare (results.json, rollout.png); placement: DP timing; "
         "shape: TP-mix search timing; predictor: Pearson and tail recall after step 1, 2, 4; "
-        "worker: tokens/s through the worker API against vLLM's own generate.",
+        "worker: tokens/s through the worker API against vLLM's own generate; "
+        "weights: a checkpoint swap in place against a worker restart.",
     )
     p_bench.add_argument(
         "target", nargs="?", default="rollout", choices=BENCH_TARGETS, help="what to benchmark"
@@ -413,7 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
         "none,64 (the default); the best of every policy x TP x cap is the best-tuned baseline",
     )
     p_bench.add_argument("--quiet", action="store_true", help="no progress bar")
-    p_bench.add_argument("--model", default=None, help="for 'worker': a model directory")
+    p_bench.add_argument(
+        "--model", default=None, help="for 'worker' and 'weights': a model directory"
+    )
     p_bench.add_argument("--concurrency", type=int, default=32, help="for 'worker'")
     p_bench.add_argument("--max-tokens", type=int, default=256, help="for 'worker': per step")
     p_bench.add_argument(

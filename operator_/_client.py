@@ -93,10 +93,13 @@ class WorkerClient:
         sampling: Mapping[str, Any],
         priority: int,
         reset: bool = False,
+        weight_version: str | None = None,
     ) -> StepReply:
         body: dict[str, Any] = {"sampling": dict(sampling), "priority": priority}
         if reset:
             body["reset"] = True
+        if weight_version is not None:
+            body["weight_version"] = weight_version
         if append_token_ids is not None:
             body["append_token_ids"] = list(append_token_ids)
         elif messages:
@@ -136,6 +139,13 @@ class WorkerClient:
         except WorkerRejectedError as exc:
             if exc.status not in (404, 409):
                 raise
+
+    async def load_weights(self, path: str, version: str, *, timeout: float) -> bool:
+        """POST /v1/weights; True when the worker loaded, False when it already served them."""
+        data = await self._request(
+            "POST", "/v1/weights", json_body={"path": path, "version": version}, timeout=timeout
+        )
+        return bool(data["loaded"])
 
     async def ready(self, timeout: float = 5.0) -> bool:
         try:

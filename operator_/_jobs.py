@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from heddle.exceptions import HeddleError, ManifestError
+from heddle.exceptions import CheckpointError, HeddleError, ManifestError
 from heddle.scheduler import WorkloadSpec
 
 from ._builders import condition, merge_conditions, now_iso
@@ -258,6 +258,9 @@ async def run_job(
     assert pool_body is not None
     try:
         await _run_session(ctx, job, files, pool_body, status, stopped, sleep, valid)
+    except CheckpointError as exc:
+        await status.write("Failed", [condition("WeightsLoaded", False, "CheckpointNotLoaded",
+                           str(exc))], completionTime=now_iso())  # fmt: skip
     except HeddleError as exc:
         await status.write("Failed", [condition("Complete", False, "SessionFailed", str(exc))],
                            completionTime=now_iso())  # fmt: skip
@@ -311,6 +314,8 @@ async def _run_session(
         malformed_tasks=len(local.tasks.errors),
         config=ctx.session_config,
         metrics=ctx.metrics,
+        weights=job.weights,
+        weight_versions=runtime.weight_versions,
     )
     ctx.sessions[key] = session
     started = now_iso()
@@ -319,11 +324,14 @@ async def _run_session(
     await status.write("Running", running, startTime=started)
     task = asyncio.create_task(session.run())
     try:
+        loaded: list[dict[str, str]] = []  # the WeightsLoaded condition, once written
         while not task.done():
             if stopped():
                 task.cancel()
                 break
             await _sync_workers(ctx, job, session, workers)
+            if not loaded and (loaded := _weights_loaded(job, session)):
+                await status.write("Running", loaded)
             await status.write("Running", force=False, **_progress_fields(session.progress()))
             await asyncio.wait({task}, timeout=ctx.status_interval_s)
         with contextlib.suppress(asyncio.CancelledError):
@@ -343,12 +351,23 @@ async def _run_session(
     await status.write(
         "Succeeded",
         [
+            *(loaded or _weights_loaded(job, session)),  # a job quicker than a status round
             condition("Running", False, "Finished", message),
             condition("Complete", True, "AllRecorded", message),
         ],
         completionTime=now_iso(),
         **_progress_fields(p),
     )
+
+
+def _weights_loaded(job: RolloutJobSpec, session: RolloutSession) -> list[dict[str, str]]:
+    """``WeightsLoaded`` once the session's first round of loads is over, else nothing."""
+    if job.weights is None or not session.weights.ready.is_set():
+        return []
+    return [condition("WeightsLoaded", True, "CheckpointLoaded",
+        f"version {job.weights.version} from {job.weights.path} on "
+        f"{sum(v == job.weights.version for v in session.weights.versions.values())} instances",
+    )]  # fmt: skip
 
 
 async def _sync_workers(

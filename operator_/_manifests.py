@@ -33,6 +33,7 @@ __all__ = [
     "SyntheticSpec",
     "ToolEndpointSpec",
     "ToolsSpec",
+    "WeightsSpec",
     "check_trajectories",
     "load_manifests",
 ]
@@ -319,6 +320,28 @@ class TasksSpec:
 
 
 @dataclass(frozen=True)
+class WeightsSpec:
+    """The checkpoint every instance serves before the job's first step (loaded in place)."""
+
+    path: str  # a checkpoint directory on a volume the workers mount
+    version: str  # written into every output record as weight_version
+
+
+def _weights(w: Fields) -> WeightsSpec:
+    path = w.string("path", required=True)
+    version = w.required("version")
+    if isinstance(version, int) and not isinstance(version, bool):
+        version = str(version)  # `version: 3` means the RL step; records carry it as text
+    if not isinstance(version, str) or not version or len(version) > 253:
+        raise ManifestError(
+            f"{w.where('version')}={version!r} must be a non-empty string of at most 253 "
+            "characters or an integer, e.g. the trainer's step"
+        )
+    w.done()
+    return WeightsSpec(path, version)
+
+
+@dataclass(frozen=True)
 class RolloutJobSpec:
     name: str
     namespace: str
@@ -332,6 +355,7 @@ class RolloutJobSpec:
     replan_interval_s: float
     output_path: str
     deadline_s: float | None
+    weights: WeightsSpec | None = None
 
     @classmethod
     def from_manifest(cls, doc: Mapping[str, Any]) -> RolloutJobSpec:
@@ -370,6 +394,7 @@ class RolloutJobSpec:
             replan_interval_s=replan,
             output_path=output_path,
             deadline_s=deadline,
+            weights=_weights(f.sub("weights")) if f.has("weights") else None,
         )
         f.done()
         return spec

@@ -48,6 +48,7 @@ class PoolRuntime:
     planned: PoolShape | None = None  # set by the running job's shape planner (no pinned shape)
     last_status: dict[str, Any] = field(default_factory=dict)
     reshapes: int = 0
+    weight_versions: dict[str, str] = field(default_factory=dict)  # instance -> version (jobs)
 
 
 def baseline_shape(pool: EnginePoolSpec) -> PoolShape:
@@ -171,8 +172,12 @@ async def _write_status(
     blocked_gpus: int,
 ) -> None:
     ready = PoolShape.of(Counter(v.tp for v in views if v.phase == "Ready"))
+    versions = runtime.weight_versions  # what sessions loaded (RolloutJob spec.weights)
+    for gone in set(versions) - {v.name for v in views}:
+        del versions[gone]
     instances = [
         {"name": v.name, "tp": v.tp, "endpoint": endpoint(p) or "", "phase": v.phase}
+        | ({"weightVersion": versions[v.name]} if v.name in versions else {})
         for p, v in sorted(zip(pods, views, strict=True), key=lambda pv: pv[1].name)
     ]
     active = Counter(v.tp for v in views if v.active)

@@ -2,9 +2,10 @@
 
 Reads the same manifests a user would ``kubectl apply``: the RolloutJob, and
 its EnginePool from ``--pool`` or from the job's own file. Relative paths in
-the job (tasks, output, a workload file) resolve against the job file's
-folder. ``model: tiny`` in the pool means the random-weight model that
-``heddle model tiny`` writes (generated once into ``.heddle/models/tiny``).
+the job (tasks, output, a workload file, the checkpoint of ``spec.weights``)
+resolve against the job file's folder. ``model: tiny`` in the pool means the
+random-weight model that ``heddle model tiny`` writes (generated once into
+``.heddle/models/tiny``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -130,6 +131,8 @@ def prepare_job(
             [],
         )
     check_trajectories(len(tasks.tasks), job.samples_per_task, f"RolloutJob {job.name!r}")
+    if job.weights is not None and not Path(job.weights.path).is_absolute():
+        job = replace(job, weights=replace(job.weights, path=str(base / job.weights.path)))
     output = Path(job.output_path)
     return LocalJob(
         job, pool, tasks, workload, output if output.is_absolute() else base / output, base
@@ -288,6 +291,7 @@ async def run_local(
             config=session_config or SessionConfig(replan_interval_s=local.job.replan_interval_s),
             on_progress=on_progress,
             metrics=metrics,
+            weights=local.job.weights,
         )
         result = await session.run()
     finally:

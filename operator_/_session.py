@@ -50,11 +50,12 @@ from ._admission import AdmissionWindow
 from ._client import StepReply, WorkerClient, WorkerEndpoint
 from ._environments import Environment
 from ._http import HttpPool
-from ._manifests import SamplingSpec
+from ._manifests import SamplingSpec, WeightsSpec
 from ._output import OutputSink, record_key
 from ._progress import Progress, SessionMetrics, TokenRate
 from ._record import TrajectoryRun
 from ._tasks import Task
+from ._weights import WeightsKeeper
 
 __all__ = ["RolloutSession", "SessionConfig", "SessionResult", "step_seed"]
 
@@ -113,6 +114,8 @@ class RolloutSession:
         config: SessionConfig | None = None,
         metrics: SessionMetrics | None = None,
         on_progress: Callable[[Progress], None] | None = None,
+        weights: WeightsSpec | None = None,
+        weight_versions: dict[str, str] | None = None,
     ) -> None:
         if not workers:
             raise HeddleError("a rollout session needs at least one worker")
@@ -139,7 +142,9 @@ class RolloutSession:
         self._endpoints = {w.name: w for w in workers}
         self._history = history
         self.runs: dict[str, TrajectoryRun] = {}
-        self._live: set[str] = set(self._endpoints)
+        # With spec.weights, a worker takes steps only once it serves them (docs/rollouts.md).
+        self.weights = WeightsKeeper(job, weights, weight_versions, self.config.step_timeout_s)
+        self._live: set[str] = set(self._endpoints) if weights is None else set()
         self._draining: set[str] = set()
         self._strikes: dict[str, int] = {}
         self._load: dict[str, int] = dict.fromkeys(self._endpoints, 0)
@@ -180,7 +185,19 @@ class RolloutSession:
         self._inflight.setdefault(endpoint.name, set())
         if self._connected:
             self._connect(endpoint)
-        self._live.add(endpoint.name)
+        self._admit(endpoint.name)
+
+    def _serves_weights(self, name: str) -> None:
+        self._live.add(name)
+        self._worker_seen = time.monotonic()  # the no-worker timeout counts from here
+        self._replan_now.set()  # place the waiting trajectories on it
+
+    def _admit(self, name: str) -> None:
+        """Let a worker take steps, once it has loaded the job's weights."""
+        if self.weights.spec is None:
+            self._live.add(name)
+        else:
+            self.weights.request(name)
 
     def _connect(self, endpoint: WorkerEndpoint) -> None:
         window = self.config.max_inflight_per_worker
@@ -252,6 +269,13 @@ class RolloutSession:
             asyncio.create_task(self._progress_loop(), name="progress"),
             asyncio.create_task(self._give_up_watch(), name="give-up"),
         ]
+        if self.weights.spec is not None:
+            helpers.append(
+                asyncio.create_task(
+                    self.weights.run(list(self._endpoints), self._probes.get, self._serves_weights),
+                    name="weights",
+                )
+            )
         if self.policy.migration != "none" or self.policy.placement == "presorted-dp":
             helpers.append(asyncio.create_task(self._replan_loop(), name="replan"))
         try:
@@ -340,6 +364,7 @@ class RolloutSession:
 
     # -- one trajectory ------------------------------------------------------------------
     async def _trajectory(self, run: TrajectoryRun) -> None:
+        await self.weights.ready.wait()
         run.started_at = time.time()
         traj = run.traj
         while True:
@@ -451,8 +476,12 @@ class RolloutSession:
             except WorkerRejectedError as exc:
                 run.resident = None
                 # 404: the worker lost the context (restarted): recompute. 409: an abandoned
-                # step still runs there. Anything else is the request's fault: no retry.
-                if exc.status not in (404, 409):
+                # step still runs there. 421: it serves other weights (restarted): reload
+                # them there, the step goes elsewhere. Else the request's fault: no retry.
+                if exc.status == 421:
+                    self._live.discard(name)
+                    self._admit(name)
+                elif exc.status not in (404, 409):
                     raise
             # Every retry waits, doubling per attempt of this step: nothing loops hot.
             await asyncio.sleep(delay)
@@ -491,6 +520,7 @@ class RolloutSession:
                 sampling=sampling,
                 priority=priority,
                 reset=reset,
+                weight_version=self.weights.spec.version if self.weights.spec else None,
             )
             run.resident = name
             traj.instance = name
@@ -594,9 +624,10 @@ class RolloutSession:
         raise self._give_up_reason
 
     def _write(self, run: TrajectoryRun) -> None:
-        if self.sink.write(
-            run.record(policy=self.policy.name, want_logprobs=self.sampling.logprobs)
-        ):
+        spec = self.weights.spec
+        record = run.record(policy=self.policy.name, want_logprobs=self.sampling.logprobs)
+        record["weight_version"] = spec.version if spec is not None else None
+        if self.sink.write(record):
             self._finished["failed" if run.status == "failed" else "done"] += 1
 
     def _release_later(self, worker: str, trajectory_id: str) -> None:
@@ -639,9 +670,9 @@ class RolloutSession:
             for name, ok in zip(names, answers, strict=True):
                 if ok:
                     self._strikes[name] = 0
-                    if name not in self._live:
+                    if name not in self._live and not self.weights.loading(name):
                         log.info("%s: worker %s is ready again", self.job, name)
-                        self._live.add(name)
+                        self._admit(name)
                     continue
                 self._strikes[name] = self._strikes.get(name, 0) + 1
                 if self._strikes[name] >= self.config.unhealthy_after:

@@ -31,11 +31,14 @@ from ._schemas import (
     SamplingParams,
     StateResponse,
     Timings,
+    WeightsRequest,
+    WeightsResponse,
 )
 from ._server import serve
 from ._sim_engine import SimulatedEngine
 from ._vllm_engine import VLLMConfig, VLLMEngine
 from ._vllm_env import THREADS_BIND, vllm_cpu_env
+from ._weights import LoadedWeights
 
 __all__ = [
     "FIELD_RANGES",
@@ -52,6 +55,7 @@ __all__ = [
     "GenerateResponse",
     "ImportRequest",
     "ImportResponse",
+    "LoadedWeights",
     "Sampling",
     "SamplingParams",
     "SimulatedEngine",
@@ -60,6 +64,8 @@ __all__ = [
     "Timings",
     "VLLMConfig",
     "VLLMEngine",
+    "WeightsRequest",
+    "WeightsResponse",
     "WorkerState",
     "check_vllm_environment",
     "create_app",

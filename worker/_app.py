@@ -14,11 +14,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
-from heddle.exceptions import EngineInputError
+from heddle.exceptions import CheckpointError, EngineInputError
 
 from ._body_limit import MAX_BODY_BYTES, BodyLimit
 from ._engine import Engine, EngineError, Sampling, StepOutput
@@ -35,6 +35,8 @@ from ._schemas import (
     ReadyResponse,
     StateResponse,
     Timings,
+    WeightsRequest,
+    WeightsResponse,
 )
 
 __all__ = ["WorkerState", "create_app"]
@@ -76,6 +78,13 @@ class _Metrics:
         self.waiting = Gauge("heddle_worker_waiting", "steps waiting", registry=r)
         self.imports = Counter("heddle_worker_imports", "contexts imported (PUT)", registry=r)
         self.exports = Counter("heddle_worker_exports", "contexts exported (GET)", registry=r)
+        self.weights = Info("heddle_worker_weights", "the weights served", registry=r)
+        self.weight_loads = Counter(
+            "heddle_worker_weight_loads", "in-place loads by result", ["result"], registry=r
+        )
+        self.weight_load_s = Gauge(
+            "heddle_worker_weight_load_seconds", "duration of the last in-place load", registry=r
+        )
 
 
 @dataclass
@@ -87,6 +96,8 @@ class WorkerState:
     contexts: dict[str, list[int]] = field(default_factory=dict)
     busy: set[str] = field(default_factory=set)  # trajectories with a step in flight
     draining: bool = False
+    loading: str | None = None  # the weight version being loaded: steps wait or are refused
+    aborted_for_weights: set[str] = field(default_factory=set)  # steps a load cut short
     metrics: _Metrics = field(default_factory=_Metrics)
     recent: deque[tuple[float, int]] = field(default_factory=deque)  # (time, tokens)
     started: float = field(default_factory=time.monotonic)
@@ -111,6 +122,16 @@ class WorkerState:
             await asyncio.sleep(0.05)
         if self.busy:
             await self.engine.abort_all()
+
+    async def settle(self) -> float:
+        """Before a weight load: let in-flight steps finish for ``grace_s``, abort the rest."""
+        started = time.monotonic()
+        while self.busy and time.monotonic() < started + self.grace_s:
+            await asyncio.sleep(0.05)
+        if self.busy:
+            self.aborted_for_weights.update(self.busy)
+            await self.engine.abort_all()
+        return time.monotonic() - started
 
     async def abort_now(self) -> None:
         """Stop taking steps and abort the in-flight ones at once (a second SIGTERM)."""
@@ -180,9 +201,10 @@ _WHY = {
     400: "the body is not JSON, or the context would exceed the model's max length",
     404: "the trajectory is not resident on this worker",
     409: "a step of the trajectory is running",
+    421: "the worker serves other weights than the step's weight_version",
     413: "the body is over the worker's --max-body-mib",
     422: "a field is invalid (named, with its valid range)",
-    503: "not ready, shutting down, or the engine failed: try another worker",
+    503: "not ready, loading weights, shutting down, or the engine failed: try another worker",
 }
 
 
@@ -309,6 +331,12 @@ def create_app(
             raise ApiError(503, "the worker is shutting down; send the step to another worker")
         if not engine.ready:
             raise ApiError(503, "the engine is not ready (loading, or failed); retry later")
+        if state.loading is not None:
+            raise ApiError(
+                503,
+                f"the worker is loading weights version {state.loading!r}; "
+                "retry in a moment or on another worker",
+            )
 
     def _tokenize(messages: list[dict[str, str]]) -> list[int]:
         return engine.encode(engine.render_chat(messages, True))
@@ -367,10 +395,17 @@ def create_app(
     @app.post(
         "/v1/trajectories/{trajectory_id}/generate",
         response_model=GenerateResponse,
-        responses=_errors(400, 404, 409, 413, 422, 503),
+        responses=_errors(400, 404, 409, 413, 421, 422, 503),
     )
     async def generate(trajectory_id: str, body: GenerateRequest, request: Request) -> Response:
         _refuse_when_unavailable()
+        served = engine.weights.version if engine.weights else None
+        if body.weight_version is not None and body.weight_version != served:
+            raise ApiError(
+                421,
+                f"the worker serves weights version {served!r}, the step asks for "
+                f"{body.weight_version!r}; load them with POST /v1/weights, then retry",
+            )
         if trajectory_id in state.busy:
             raise ApiError(409, f"a step of trajectory {trajectory_id!r} is already running")
         _check_vocab("sampling.stop_token_ids", body.sampling.stop_token_ids)
@@ -433,9 +468,10 @@ def create_app(
         if output is None:
             return None
         if output.finish_reason == "abort":
-            raise ApiError(
-                503, "the worker is shutting down and aborted this step; retry on another worker"
-            )
+            for_weights = trajectory_id in state.aborted_for_weights
+            state.aborted_for_weights.discard(trajectory_id)
+            why = "is loading new weights" if for_weights else "is shutting down"
+            raise ApiError(503, f"the worker {why} and aborted this step; retry on another worker")
         context.extend(output.token_ids)
         total = time.monotonic() - started
         m.generated.inc(len(output.token_ids))
@@ -525,6 +561,41 @@ def create_app(
             resident_trajectories=len(state.contexts),
             generated_tokens=stats.generated_tokens,
             tokens_per_s=state.tokens_per_s(),
+            weight_version=engine.weights.version if engine.weights else None,
+            weights_path=engine.weights.path if engine.weights else None,
+        )
+
+    @app.post("/v1/weights", response_model=WeightsResponse, responses=_errors(400, 413, 422, 503))
+    async def load_weights(body: WeightsRequest) -> WeightsResponse:
+        _refuse_when_unavailable()
+        held = engine.weights
+        if held is not None and (held.path, held.version) == (body.path, body.version):
+            return WeightsResponse(
+                path=body.path, version=body.version, loaded=False, load_s=0.0, drained_s=0.0
+            )
+        state.loading = body.version
+        try:
+            drained_s = await state.settle()
+            loaded = await engine.load_weights(body.path, body.version)
+        except CheckpointError as exc:
+            m.weight_loads.labels("refused").inc()
+            version = held.version if held is not None else None
+            raise ApiError(
+                422, f"{exc}; the worker keeps serving weights version {version!r}"
+            ) from exc
+        except EngineError as exc:
+            m.weight_loads.labels("failed").inc()
+            raise ApiError(503, f"the engine failed while loading weights: {exc}") from exc
+        finally:
+            state.loading = None
+        m.weight_loads.labels("loaded").inc()
+        m.weight_load_s.set(loaded.load_s)
+        return WeightsResponse(
+            path=loaded.path,
+            version=body.version,
+            loaded=True,
+            load_s=loaded.load_s,
+            drained_s=drained_s,
         )
 
     @app.get("/healthz", response_model=HealthResponse)
@@ -550,6 +621,8 @@ def create_app(
         m.kv_usage.set(stats.kv_usage)
         m.running.set(stats.running)
         m.waiting.set(stats.waiting)
+        if engine.weights is not None:
+            m.weights.info({"version": engine.weights.version or "", "path": engine.weights.path})
         return PlainTextResponse(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -5,6 +5,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+from heddle.exceptions import CheckpointError
+
+from ._weights import LoadedWeights
+
 __all__ = ["Engine", "EngineError", "EngineStats", "Sampling", "StepOutput"]
 
 
@@ -61,6 +65,7 @@ class Engine(ABC):
     tp: int
     max_model_len: int
     vocab_size: int  # token ids run from 0 to vocab_size - 1; known once started
+    weights: LoadedWeights | None = None  # what it serves; set by start() and load_weights()
 
     @property
     @abstractmethod
@@ -98,6 +103,15 @@ class Engine(ABC):
 
     @abstractmethod
     async def shutdown(self) -> None: ...
+
+    async def load_weights(self, path: str, version: str) -> LoadedWeights:
+        """Swap in the checkpoint at ``path`` without a restart, keeping the KV cache.
+
+        The caller drains steps first. Raises :class:`~heddle.exceptions.CheckpointError`
+        for a checkpoint that does not fit (the old weights keep serving),
+        :class:`EngineError` when the engine broke while loading.
+        """
+        raise CheckpointError(f"the {self.name} engine cannot load weights in place")
 
     def encode(self, text: str) -> list[int]:
         """Text to token ids (the engine's tokenizer)."""

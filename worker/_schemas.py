@@ -30,6 +30,8 @@ __all__ = [
     "SamplingParams",
     "StateResponse",
     "Timings",
+    "WeightsRequest",
+    "WeightsResponse",
 ]
 
 
@@ -119,6 +121,9 @@ class GenerateRequest(_Strict):
     reset: bool = Field(
         False, description="start the context afresh from what this request appends"
     )
+    weight_version: str | None = Field(
+        None, description="refuse the step (421) unless the worker serves this weights version"
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> GenerateRequest:
@@ -181,6 +186,27 @@ class StateResponse(_Strict):
     resident_trajectories: int
     generated_tokens: int
     tokens_per_s: float
+    weight_version: str | None = Field(
+        None, description="the version last loaded with POST /v1/weights; null: start-up weights"
+    )
+    weights_path: str | None = Field(None, description="where the served weights came from")
+
+
+class WeightsRequest(_Strict):
+    """Load a checkpoint in place (no restart, the KV cache stays allocated)."""
+
+    path: str = Field(min_length=1, description="checkpoint directory (config.json, *.safetensors)")
+    version: str = Field(
+        min_length=1, max_length=253, description="the version to report (e.g. the RL step)"
+    )
+
+
+class WeightsResponse(_Strict):
+    path: str
+    version: str
+    loaded: bool = Field(description="false when this path and version were already loaded")
+    load_s: float = Field(description="seconds the engine took to load, after steps drained")
+    drained_s: float = Field(description="seconds spent waiting for steps in flight to finish")
 
 
 class ErrorResponse(_Strict):

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from heddle.scheduler import PerfModel
 
 from ._engine import Engine, EngineError, EngineStats, Sampling, StepOutput
+from ._weights import LoadedWeights, checkpoint_dir
 
 __all__ = ["SimulatedEngine"]
 
@@ -56,6 +57,9 @@ class _IdleCache:
         tokens = self._items.pop(key, 0)
         self.total -= tokens
         return tokens
+
+    def keys(self) -> list[str]:
+        return list(self._items)
 
     def oldest_except(self, key: str) -> str | None:
         for k in self._items:
@@ -128,7 +132,21 @@ class SimulatedEngine(Engine):
         if self.load_s:
             await asyncio.sleep(self.load_s)
         self._task = asyncio.create_task(self._loop(), name="sim-engine")
+        self.weights = LoadedWeights(self.model, None)
         self._ready = True
+
+    async def load_weights(self, path: str, version: str) -> LoadedWeights:
+        """Records the version only: the sim has no weights, so its tokens do not change.
+
+        The path must be a directory (as a real worker needs), so a job naming a
+        missing checkpoint fails on sim workers as it would on vLLM ones. The
+        prefix cache is dropped, as a real load does.
+        """
+        checkpoint_dir(path)
+        for key in list(self._cache.keys()):
+            self._cache.pop(key)
+        self.weights = LoadedWeights(path, version)
+        return self.weights
 
     async def shutdown(self) -> None:
         self._ready = False

@@ -19,6 +19,7 @@ from heddle.exceptions import ConfigError, EngineInputError
 from ._engine import Engine, EngineError, EngineStats, Sampling, StepOutput
 from ._environment import is_cpu_build
 from ._vllm_env import vllm_cpu_env
+from ._weights import CheckpointLayout, LoadedWeights, check_compatible, checkpoint_layout
 
 __all__ = [
     "PROTECTED_ENGINE_ARGS",
@@ -119,6 +120,7 @@ class VLLMEngine(Engine):
         self.vocab_size = 0  # read from the model when it loads
         self._llm: Any = None
         self._tokenizer: Any = None
+        self._layout: CheckpointLayout | None = None  # what in-place loads must match
         self._ids = itertools.count()
         self._in_flight: dict[str, str] = {}  # request id -> trajectory id
         self._aborted: set[str] = set()
@@ -145,6 +147,37 @@ class VLLMEngine(Engine):
         self.vocab_size = max(
             int(self._tokenizer.max_token_id) + 1, int(self._llm.model_config.get_vocab_size())
         )
+        self.weights = LoadedWeights(self.config.model, None)
+        if os.path.isdir(self.config.model):  # an HF id: only the architecture can be checked
+            self._layout = await asyncio.to_thread(checkpoint_layout, self.config.model)
+
+    async def load_weights(self, path: str, version: str) -> LoadedWeights:
+        """vLLM's in-place reload on every TP rank: ``collective_rpc("reload_weights")``.
+
+        Each rank's model runner streams the checkpoint's safetensors into the live
+        parameters (``vllm.model_executor.model_loader.reload``); the KV cache stays
+        allocated. Cached prefixes were computed with the old weights, so the prefix
+        cache is reset afterwards.
+        """
+        if not self.ready:
+            raise EngineError(self._failed or "the vLLM engine is not running")
+        layout = await asyncio.to_thread(checkpoint_layout, path)
+        running = self._layout or CheckpointLayout(
+            self.config.model, tuple(self._llm.model_config.architectures or ()), layout.shapes
+        )
+        check_compatible(layout, running)
+        started = time.monotonic()
+        try:
+            await self._llm.collective_rpc(
+                "reload_weights", kwargs={"weights_path": path, "is_checkpoint_format": True}
+            )
+        except Exception as exc:
+            # A partial reload leaves layers half-written: nothing safe to serve from.
+            self._failed = f"loading weights from {path} broke the vLLM engine: {exc}"
+            raise EngineError(self._failed) from exc
+        await self._llm.reset_prefix_cache()
+        self.weights = LoadedWeights(path, version, time.monotonic() - started)
+        return self.weights
 
     def _stat_logger_factory(self) -> Any:
         """A vLLM stat logger that copies the scheduler's figures into this engine."""
