@@ -11,12 +11,13 @@ import itertools
 import json
 import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from heddle.exceptions import ConfigError, EngineInputError
 
-from ._engine import Engine, EngineError, EngineStats, Sampling, StepOutput
+from ._engine import Engine, EngineError, EngineStats, ParsedTurn, Sampling, StepOutput
 from ._environment import is_cpu_build
 from ._vllm_env import vllm_cpu_env
 
@@ -35,6 +36,9 @@ PROTECTED_ENGINE_ARGS = {
     "scheduling_policy": "Heddle's priorities need 'priority'",
     "enable_prefix_caching": "trajectory-resident contexts need the prefix cache",
 }
+
+# Parsers built per (name, tool schemas): building one reads the tokenizer's vocabulary.
+_PARSER_CACHE = 16
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,7 @@ class VLLMEngine(Engine):
         self.vocab_size = 0  # read from the model when it loads
         self._llm: Any = None
         self._tokenizer: Any = None
+        self._parsers: dict[tuple[str, str], Any] = {}  # (name, tools) -> vLLM tool parser
         self._ids = itertools.count()
         self._in_flight: dict[str, str] = {}  # request id -> trajectory id
         self._aborted: set[str] = set()
@@ -282,9 +287,47 @@ class VLLMEngine(Engine):
     def decode(self, token_ids: list[int]) -> str:
         return str(self._tokenizer.decode(token_ids))
 
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
         return str(
             self._tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+                messages,
+                tools=list(tools) if tools else None,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
             )
         )
+
+    def parse_tool_calls(
+        self, text: str, parser: str, tools: Sequence[Mapping[str, Any]] | None
+    ) -> ParsedTurn | None:
+        """vLLM's own parser of that name, as its OpenAI server would run it on this turn."""
+        from vllm.entrypoints.openai.chat_completion.protocol import (  # noqa: PLC0415
+            ChatCompletionRequest,
+        )
+        from vllm.tool_parsers import ToolParserManager  # noqa: PLC0415
+
+        request = ChatCompletionRequest(
+            messages=[], model=self.model, tools=list(tools) if tools else None
+        )
+        key = (parser, json.dumps(tools, sort_keys=True))
+        instance = self._parsers.get(key)
+        if instance is None:
+            try:
+                cls = ToolParserManager.get_tool_parser(parser)
+            except KeyError:
+                raise EngineInputError(
+                    f"tool_parser={parser!r} is not in this vLLM; use one of "
+                    f"{', '.join(ToolParserManager.list_registered())}"
+                ) from None
+            instance = cls(self._tokenizer, request.tools)
+            if len(self._parsers) >= _PARSER_CACHE:
+                self._parsers.pop(next(iter(self._parsers)))
+            self._parsers[key] = instance
+        info = instance.extract_tool_calls(text, request)
+        calls = [(c.id, c.function.name, c.function.arguments) for c in info.tool_calls]
+        return ParsedTurn(content=info.content or "", tool_calls=calls)
