@@ -441,6 +441,8 @@ def create_app(
                 f"trajectory {trajectory_id!r} holds {len(context)} tokens: no room left to "
                 f"generate within the model's max length {engine.max_model_len}",
             )
+        if body.tool_parser is not None:
+            _parsed(body, "")  # a parser that does not fit the model fails before the step
         state.contexts[trajectory_id] = context
         started = time.monotonic()
         output = await _step(

@@ -19,6 +19,7 @@ from heddle.exceptions import ConfigError, EngineInputError
 
 from ._engine import Engine, EngineError, EngineStats, ParsedTurn, Sampling, StepOutput
 from ._environment import is_cpu_build
+from ._tool_parsing import VLLMToolParsers
 from ._vllm_env import vllm_cpu_env
 
 __all__ = [
@@ -36,9 +37,6 @@ PROTECTED_ENGINE_ARGS = {
     "scheduling_policy": "Heddle's priorities need 'priority'",
     "enable_prefix_caching": "trajectory-resident contexts need the prefix cache",
 }
-
-# Parsers built per (name, tool schemas): building one reads the tokenizer's vocabulary.
-_PARSER_CACHE = 16
 
 
 @dataclass(frozen=True)
@@ -123,7 +121,6 @@ class VLLMEngine(Engine):
         self.vocab_size = 0  # read from the model when it loads
         self._llm: Any = None
         self._tokenizer: Any = None
-        self._parsers: dict[tuple[str, str], Any] = {}  # (name, tools) -> vLLM tool parser
         self._ids = itertools.count()
         self._in_flight: dict[str, str] = {}  # request id -> trajectory id
         self._aborted: set[str] = set()
@@ -145,6 +142,7 @@ class VLLMEngine(Engine):
         args = AsyncEngineArgs(**engine_kwargs(self.config, cpu_build=is_cpu_build()))
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._stat_logger_factory()])
         self._tokenizer = self._llm.tokenizer
+        self._tool_parsers = VLLMToolParsers(self._tokenizer, self.model)
         # vLLM's own bound (renderers' validate_token_ids): the tokenizer's ids and the
         # model's embedding rows may differ (Qwen3 pads its vocabulary); either is valid.
         self.vocab_size = max(
@@ -305,29 +303,4 @@ class VLLMEngine(Engine):
     def parse_tool_calls(
         self, text: str, parser: str, tools: Sequence[Mapping[str, Any]] | None
     ) -> ParsedTurn | None:
-        """vLLM's own parser of that name, as its OpenAI server would run it on this turn."""
-        from vllm.entrypoints.openai.chat_completion.protocol import (  # noqa: PLC0415
-            ChatCompletionRequest,
-        )
-        from vllm.tool_parsers import ToolParserManager  # noqa: PLC0415
-
-        request = ChatCompletionRequest(
-            messages=[], model=self.model, tools=list(tools) if tools else None
-        )
-        key = (parser, json.dumps(tools, sort_keys=True))
-        instance = self._parsers.get(key)
-        if instance is None:
-            try:
-                cls = ToolParserManager.get_tool_parser(parser)
-            except KeyError:
-                raise EngineInputError(
-                    f"tool_parser={parser!r} is not in this vLLM; use one of "
-                    f"{', '.join(ToolParserManager.list_registered())}"
-                ) from None
-            instance = cls(self._tokenizer, request.tools)
-            if len(self._parsers) >= _PARSER_CACHE:
-                self._parsers.pop(next(iter(self._parsers)))
-            self._parsers[key] = instance
-        info = instance.extract_tool_calls(text, request)
-        calls = [(c.id, c.function.name, c.function.arguments) for c in info.tool_calls]
-        return ParsedTurn(content=info.content or "", tool_calls=calls)
+        return self._tool_parsers.parse(text, parser, tools)
