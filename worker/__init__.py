@@ -12,7 +12,8 @@ with synthetic tokens, for scale tests and benchmarks without a model; the
 
 from ._app import WorkerState, create_app
 from ._body_limit import MAX_BODY_BYTES
-from ._engine import Engine, EngineError, EngineStats, Sampling, StepOutput
+from ._chat import TOOL_PARSERS, tool_schema_error
+from ._engine import Engine, EngineError, EngineStats, ParsedTurn, Sampling, StepOutput
 from ._environment import (
     Check,
     check_vllm_environment,
@@ -24,6 +25,7 @@ from ._schemas import (
     ChatMessage,
     ErrorResponse,
     ExportResponse,
+    FunctionCall,
     GenerateRequest,
     GenerateResponse,
     ImportRequest,
@@ -31,6 +33,7 @@ from ._schemas import (
     SamplingParams,
     StateResponse,
     Timings,
+    ToolCall,
 )
 from ._server import serve
 from ._sim_engine import SimulatedEngine
@@ -41,6 +44,7 @@ __all__ = [
     "FIELD_RANGES",
     "MAX_BODY_BYTES",
     "THREADS_BIND",
+    "TOOL_PARSERS",
     "ChatMessage",
     "Check",
     "Engine",
@@ -48,16 +52,19 @@ __all__ = [
     "EngineStats",
     "ErrorResponse",
     "ExportResponse",
+    "FunctionCall",
     "GenerateRequest",
     "GenerateResponse",
     "ImportRequest",
     "ImportResponse",
+    "ParsedTurn",
     "Sampling",
     "SamplingParams",
     "SimulatedEngine",
     "StateResponse",
     "StepOutput",
     "Timings",
+    "ToolCall",
     "VLLMConfig",
     "VLLMEngine",
     "WorkerState",
@@ -65,6 +72,7 @@ __all__ = [
     "create_app",
     "probe_vllm_import",
     "serve",
+    "tool_schema_error",
     "vllm_cpu_env",
     "vllm_environment_checks",
 ]

@@ -109,7 +109,10 @@ def tool_schema_error(tool: Any, where: str) -> str | None:
         return f"{where}.function.description must be a string"
     unknown = set(function) - {"name", "description", "parameters", "strict"}
     if unknown:
-        return f"{where}.function has unknown field(s) {sorted(unknown)}; use name, description, parameters, strict"
+        return (
+            f"{where}.function has unknown field(s) {sorted(unknown)}; "
+            "use name, description, parameters, strict"
+        )
     if "parameters" not in function:
         return None
     parameters = function["parameters"]

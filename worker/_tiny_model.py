@@ -1,9 +1,10 @@
 """``heddle model tiny``: a random-weight Llama that vLLM's CPU build loads in seconds.
 
 Hidden size 128 with 2 heads (head_dim 64: the CPU attention kernels reject
-16), 2 layers, a byte-level BPE tokenizer trained on the spot, and a Qwen2.5-style
-chat template (default system prompt, tool schemas, Hermes tool-call tags). Nothing is downloaded. Needs
-the ``vllm`` extra (torch, transformers, tokenizers).
+16), 2 layers, a byte-level BPE tokenizer trained on the spot, and a
+Qwen2.5-style chat template (default system prompt, tool schemas, Hermes
+tool-call tags). Nothing is downloaded. Needs the ``vllm`` extra (torch,
+transformers, tokenizers).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ CHAT_TEMPLATE = (
     "\\n</tool_call>' }}{% endif %}{{ '<|im_end|>\\n' }}"
     "{% for m in rest %}"
     "{% if m['role'] == 'tool' %}"
-    "{% if loop.first or rest[loop.index0 - 1]['role'] != 'tool' %}{{ '<|im_start|>user' }}{% endif %}"
+    "{% if loop.first or rest[loop.index0 - 1]['role'] != 'tool' %}"
+    "{{ '<|im_start|>user' }}{% endif %}"
     "{{ '\\n<tool_response>\\n' + m['content'] + '\\n</tool_response>' }}"
     "{% if loop.last or rest[loop.index0 + 1]['role'] != 'tool' %}{{ '<|im_end|>\\n' }}{% endif %}"
     "{% elif m['role'] == 'assistant' %}"
@@ -61,7 +63,7 @@ CHAT_TEMPLATE = (
 
 
 def tiny_tokenizer(vocab_size: int = 512) -> Any:
-    """The tiny model's tokenizer (a ``PreTrainedTokenizerFast``), trained here in about a second."""
+    """The tiny model's tokenizer (a ``PreTrainedTokenizerFast``), trained here in a second."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: PLC0415
     from transformers import PreTrainedTokenizerFast  # noqa: PLC0415 - optional extra
 

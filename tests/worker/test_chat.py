@@ -37,7 +37,7 @@ TOOLS: list[dict[str, Any]] = [
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    from heddle.worker._tiny_model import tiny_tokenizer  # noqa: PLC0415 - needs transformers
+    from heddle.worker._tiny_model import tiny_tokenizer
 
     return tiny_tokenizer()
 
@@ -55,9 +55,7 @@ def renderer(tokenizer: Any, tools: list[dict[str, Any]] | None) -> Callable[...
 
 # No special-token text, no leading whitespace in an assistant turn: text the model could
 # emit after "assistant\n" and that tokenises the same alone as in the whole render.
-_text = st.text(alphabet="abcxyz019 .,:{}\"_\n", min_size=1, max_size=24).map(
-    lambda s: "t" + s
-)
+_text = st.text(alphabet='abcxyz019 .,:{}"_\n', min_size=1, max_size=24).map(lambda s: "t" + s)
 _call = st.builds(
     lambda i, q: {
         "id": f"call_{i}",
@@ -68,9 +66,11 @@ _call = st.builds(
     st.text(alphabet="abc xyz", max_size=8),
 )
 _assistant = st.builds(
-    lambda content, calls: {"role": "assistant", "content": content, "tool_calls": calls}
-    if calls
-    else {"role": "assistant", "content": content},
+    lambda content, calls: (
+        {"role": "assistant", "content": content, "tool_calls": calls}
+        if calls
+        else {"role": "assistant", "content": content}
+    ),
     st.one_of(st.just(""), _text),
     st.lists(_call, max_size=2),
 ).filter(lambda m: m["content"] or m.get("tool_calls"))
@@ -90,7 +90,9 @@ _first = st.builds(
 _rounds = st.lists(st.tuples(_assistant, _group, st.booleans()), max_size=5)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(first=_first, rounds=_rounds, with_tools=st.booleans())
 def test_appending_messages_gives_the_tokens_of_a_full_rerender(
     tokenizer: Any,

@@ -17,7 +17,11 @@ URL = "/v1/trajectories/c/generate"
 
 
 def chat(content: str, role: str = "user", **extra: object) -> dict[str, object]:
-    return {"messages": [{"role": role, "content": content}], "sampling": {"max_tokens": 4}, **extra}
+    return {
+        "messages": [{"role": role, "content": content}],
+        "sampling": {"max_tokens": 4},
+        **extra,
+    }
 
 
 async def test_messages_after_a_turn_close_it_and_add_only_themselves(sim_engine: Build) -> None:

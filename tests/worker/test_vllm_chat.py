@@ -36,7 +36,7 @@ TOOLS: list[dict[str, Any]] = [
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from heddle.worker._tiny_model import write_tiny_model  # noqa: PLC0415
+    from heddle.worker._tiny_model import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
@@ -58,15 +58,15 @@ def url(model: Path) -> Iterator[str]:
 
 
 def test_the_parser_names_a_job_may_give_are_vllms() -> None:
-    from vllm.tool_parsers import ToolParserManager  # noqa: PLC0415
+    from vllm.tool_parsers import ToolParserManager
 
-    assert TOOL_PARSERS == tuple(ToolParserManager.list_registered())
+    assert tuple(ToolParserManager.list_registered()) == TOOL_PARSERS
 
 
 def test_vllms_parsers_read_tool_calls_in_their_models_formats(model: Path) -> None:
-    from transformers import AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoTokenizer
 
-    from heddle.worker._tool_parsing import VLLMToolParsers  # noqa: PLC0415
+    from heddle.worker._tool_parsing import VLLMToolParsers
 
     parsers = VLLMToolParsers(AutoTokenizer.from_pretrained(model), "tiny")
     hermes = parsers.parse(
@@ -93,7 +93,7 @@ def test_vllms_parsers_read_tool_calls_in_their_models_formats(model: Path) -> N
 
 
 def test_a_conversation_grows_by_what_its_full_rerender_adds(url: str, model: Path) -> None:
-    from transformers import AutoTokenizer  # noqa: PLC0415
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     first = [{"role": "user", "content": "Find heddle."}]
