@@ -64,13 +64,15 @@ def chat_delta(
     asked = render(_DUMMY[:1], True)
     answered = render(_DUMMY, False)
     extended = render([*_DUMMY, *new], True)
-    if not (answered.startswith(asked) and extended.startswith(answered)):
+    turn = answered[len(asked) :]
+    if not (
+        answered.startswith(asked) and extended.startswith(answered) and _DUMMY_CONTENT in turn
+    ):
         raise ValueError(
             "the model's chat template does not render a conversation as a prefix of its "
             "continuation; send append_token_ids instead of messages"
         )
     # What the template writes after an assistant turn's content: its end-of-turn marks.
-    turn = answered[len(asked) :]
     closing = encode(turn[turn.rindex(_DUMMY_CONTENT) + len(_DUMMY_CONTENT) :])
     if closing and closing[0] == last_token:
         closing = closing[1:]  # the model generated the end-of-turn token itself

@@ -182,3 +182,13 @@ def test_an_invalid_tool_schema_is_named_with_its_field(tool: Any, where: str) -
 def test_a_valid_tool_schema_passes() -> None:
     assert tool_schema_error(TOOLS[0], "tools[0]") is None
     assert tool_schema_error({"type": "function", "function": {"name": "now"}}, "t") is None
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused_in_a_sentence() -> None:
+    def render(messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        # Numbers every turn from the end: appending a turn changes all earlier ones.
+        n = len(messages)
+        return "".join(f"[{n - i}]{m['content']}" for i, m in enumerate(messages))
+
+    with pytest.raises(ValueError, match="send append_token_ids instead of messages"):
+        chat_delta(render, lambda text: list(text.encode()), [{"role": "tool", "content": "x"}], 1)
