@@ -7,6 +7,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 
@@ -17,6 +18,7 @@ from heddle.operator._tasks import Task, parse_task
 from heddle.operator._tools import ToolsEnvironment
 from heddle.worker import TOOL_PARSERS
 
+from ._cluster import validate
 from .conftest import ToolServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,3 +149,13 @@ def test_a_turn_without_calls_ends_the_trajectory(tool_server: ToolServer) -> No
     outcome = asyncio.run(episode.after_turn(0, "4", "stop", ParsedCalls("4", [])))
     asyncio.run(env.close())
     assert outcome.done and outcome.assistant is None
+
+
+@pytest.mark.parametrize("workload", ["search", "coding", "math"])
+def test_the_paper_jobs_with_tool_schemas_pass_the_crd_schema(workload: str) -> None:
+    job = yaml.safe_load((ROOT / "examples" / "paper" / f"job-{workload}.yaml").read_text())
+    validate("rolloutjobs", job)
+    bad = copy.deepcopy(job)
+    bad["spec"]["environment"]["tools"]["parser"] = "qwen4"
+    with pytest.raises(jsonschema.ValidationError, match="'qwen4' is not one of"):
+        validate("rolloutjobs", bad)
