@@ -39,6 +39,9 @@ class StepReply:
     logprobs: list[float] | None
     queue_s: float
     total_s: float
+    # With tool_parser, from the worker's (vLLM's) parser: OpenAI-format calls and the prose.
+    tool_calls: list[dict[str, Any]] | None = None
+    content: str | None = None
 
 
 class WorkerClient:
@@ -88,12 +91,14 @@ class WorkerClient:
         self,
         trajectory_id: str,
         *,
-        messages: Sequence[Mapping[str, str]] = (),
+        messages: Sequence[Mapping[str, Any]] = (),
         append_token_ids: Sequence[int] | None = None,
         sampling: Mapping[str, Any],
         priority: int,
         reset: bool = False,
         weight_version: str | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        tool_parser: str | None = None,
     ) -> StepReply:
         body: dict[str, Any] = {"sampling": dict(sampling), "priority": priority}
         if reset:
@@ -104,6 +109,10 @@ class WorkerClient:
             body["append_token_ids"] = list(append_token_ids)
         elif messages:
             body["messages"] = [dict(m) for m in messages]
+            if tools:
+                body["tools"] = [dict(t) for t in tools]
+        if tool_parser is not None:
+            body["tool_parser"] = tool_parser
         data = await self._request(
             "POST",
             f"/v1/trajectories/{trajectory_id}/generate",
@@ -120,6 +129,8 @@ class WorkerClient:
             logprobs=data.get("logprobs"),
             queue_s=float(data["timings"]["queue_s"]),
             total_s=float(data["timings"]["total_s"]),
+            tool_calls=data.get("tool_calls"),
+            content=data.get("content"),
         )
 
     async def import_context(

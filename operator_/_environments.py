@@ -15,7 +15,7 @@ import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from heddle.scheduler import TrajectoryScript, WorkloadSpec, generate
 
@@ -24,19 +24,35 @@ from ._tasks import Task
 if TYPE_CHECKING:  # _rewards imports _tools, which builds on this module
     from ._rewards import RewardScorer
 
-__all__ = ["Environment", "Episode", "Outcome", "SyntheticEnvironment", "synthetic_tasks"]
+__all__ = [
+    "Environment",
+    "Episode",
+    "Outcome",
+    "ParsedCalls",
+    "SyntheticEnvironment",
+    "synthetic_tasks",
+]
 
 
 @dataclass(frozen=True)
 class Outcome:
     """What follows a turn: more messages, or the end of the trajectory."""
 
-    messages: tuple[Mapping[str, str], ...] = ()
+    messages: tuple[Mapping[str, Any], ...] = ()
     done: bool = False
     finish_reason: str = "stop"  # when done: stop (answered), failed, ...
     error: str | None = None  # when failed: why
     tool_calls: tuple[str, ...] = ()  # names of the tools called after this turn
     tool_errors: int = 0
+    assistant: Mapping[str, Any] | None = None  # the turn as an OpenAI message with tool_calls
+
+
+@dataclass(frozen=True)
+class ParsedCalls:
+    """A turn's tool calls as the worker's (vLLM's) parser read them, in OpenAI's format."""
+
+    content: str
+    calls: Sequence[Mapping[str, Any]]
 
 
 @dataclass
@@ -56,9 +72,16 @@ class Episode(ABC):
         """(max tokens, ignore EOS) of step ``turn`` (0-based)."""
         return default, False
 
+    def chat_tools(self) -> tuple[Sequence[Mapping[str, Any]], str | None]:
+        """(tool schemas for the chat template, the worker's tool parser to ask for)."""
+        return (), None
+
     @abstractmethod
-    async def after_turn(self, turn: int, text: str, finish_reason: str) -> Outcome:
-        """Run the tools the turn asked for (or end the trajectory)."""
+    async def after_turn(
+        self, turn: int, text: str, finish_reason: str, parsed: ParsedCalls | None = None
+    ) -> Outcome:
+        """Run the tools the turn asked for (or end the trajectory); ``parsed`` holds the
+        calls when the worker parsed them."""
 
 
 class Environment(ABC):
@@ -90,7 +113,9 @@ class _SyntheticEpisode(Episode):
         assert self.script is not None
         return self.script.turn_tokens[turn], True
 
-    async def after_turn(self, turn: int, text: str, finish_reason: str) -> Outcome:
+    async def after_turn(
+        self, turn: int, text: str, finish_reason: str, parsed: ParsedCalls | None = None
+    ) -> Outcome:
         script = self.script
         assert script is not None
         if turn + 1 >= script.turns:

@@ -30,7 +30,7 @@ __all__ = ["TRAINER_KEYS", "parquet_rows", "split_trainer_row"]
 TRAINER_KEYS = frozenset(
     {"data_source", "ability", "reward_model", "extra_info", "label", "env_class", "reward_spec"}
 )
-_HEDDLE_KEYS = frozenset({"id", "messages", "prompt", "system", "metadata"})
+_HEDDLE_KEYS = frozenset({"id", "messages", "prompt", "system", "metadata", "tools"})
 
 
 def split_trainer_row(raw: Any, where: str) -> tuple[Any, dict[str, Any]]:
@@ -49,7 +49,7 @@ def split_trainer_row(raw: Any, where: str) -> tuple[Any, dict[str, Any]]:
             "{role, content} messages, or a string; slime's default text works too) or messages",
         )
     entry: dict[str, Any] = {
-        k: raw[k] for k in ("id", "system", "metadata", "messages") if k in raw
+        k: raw[k] for k in ("id", "system", "metadata", "messages", "tools") if k in raw
     }
     if isinstance(prompt, list):
         if "messages" in raw:

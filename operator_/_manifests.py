@@ -16,6 +16,7 @@ from typing import Any
 
 from heddle.exceptions import ConfigError, ManifestError
 from heddle.scheduler import POLICIES, SAMPLING_LIMITS, PoolShape, check_tp_sizes
+from heddle.worker import TOOL_PARSERS, tool_schema_error
 
 from ._fields import Fields
 from ._pod_template import check_pod_template, check_quantity, guaranteed_resources
@@ -44,7 +45,6 @@ MAX_TRAJECTORIES = 1_000_000  # tasks x samples of one job: the session holds ea
 # metadata.name as Kubernetes checks it (a DNS-1123 subdomain); namespaces are labels.
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-TOOL_PARSERS = ("hermes",)
 ON_TOOL_ERROR = ("message", "fail")
 
 
@@ -245,6 +245,7 @@ class ToolsSpec:
     endpoints: tuple[ToolEndpointSpec, ...] = ()
     on_error: str = "message"  # 'message': tell the model; 'fail': end the trajectory
     max_reply_chars: int = 16_384  # longer tool replies are cut (and say so)
+    schemas: tuple[Mapping[str, Any], ...] = ()  # OpenAI function tools, for the chat template
 
 
 @dataclass(frozen=True)
@@ -262,6 +263,24 @@ class EnvironmentSpec:
     tools: ToolsSpec | None = None
     synthetic: SyntheticSpec | None = None
     reward: RewardSpec | None = None  # None: records carry reward null
+
+
+def _tool_schemas(t: Fields, served: set[str]) -> tuple[Mapping[str, Any], ...]:
+    """The job's tool schemas, each an OpenAI function that one of the endpoints serves."""
+    schemas = []
+    for i, raw in enumerate(t.listing("schemas")):
+        where = f"{t.where('schemas')}[{i}]"
+        error = tool_schema_error(raw, where)
+        if error is not None:
+            raise ManifestError(error)
+        name = raw["function"]["name"]
+        if name not in served:
+            raise ManifestError(
+                f"{where} describes tool {name!r}, which no endpoint serves; add an endpoint "
+                f"named {name!r} or remove the schema (endpoints: {sorted(served)})"
+            )
+        schemas.append(raw)
+    return tuple(schemas)
 
 
 def _environment(f: Fields) -> EnvironmentSpec:
@@ -289,6 +308,7 @@ def _environment(f: Fields) -> EnvironmentSpec:
             raise ManifestError(f"{t.where('endpoints')}: tool names {names} must be unique")
         tools = ToolsSpec(
             parser=t.choice("parser", TOOL_PARSERS, "hermes"),
+            schemas=_tool_schemas(t, set(names)),
             endpoints=tuple(endpoints),
             on_error=t.choice("onError", ON_TOOL_ERROR, "message"),
             max_reply_chars=t.integer("maxReplyChars", 16_384, minimum=1),

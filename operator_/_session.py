@@ -48,7 +48,7 @@ from heddle.scheduler import (
 
 from ._admission import AdmissionWindow
 from ._client import StepReply, WorkerClient, WorkerEndpoint
-from ._environments import Environment
+from ._environments import Environment, ParsedCalls
 from ._http import HttpPool
 from ._manifests import SamplingSpec, WeightsSpec
 from ._output import OutputSink, record_key
@@ -402,7 +402,16 @@ class RolloutSession:
             )
             self._predict(run)
             tool_started = time.monotonic()
-            outcome = await run.episode.after_turn(traj.turns - 1, reply.text, reply.finish_reason)
+            parsed = (
+                None
+                if reply.tool_calls is None
+                else ParsedCalls(reply.content or "", reply.tool_calls)
+            )
+            outcome = await run.episode.after_turn(
+                traj.turns - 1, reply.text, reply.finish_reason, parsed
+            )
+            if outcome.assistant is not None:  # the turn in OpenAI's format, with its tool_calls
+                run.messages[-1] = outcome.assistant
             tool_s = time.monotonic() - tool_started
             traj.tool_expected_end_s = None
             run.tool_calls += len(outcome.tool_calls)
@@ -514,6 +523,7 @@ class RolloutSession:
             if previous is not None and priority < previous:
                 self._promotions += 1  # re-prediction found it longer than thought: runs sooner
             self._last_priority[traj.id] = priority
+            tools, tool_parser = run.episode.chat_tools()
             reply = await client.generate(
                 traj.id,
                 messages=run.pending,
@@ -521,6 +531,8 @@ class RolloutSession:
                 priority=priority,
                 reset=reset,
                 weight_version=self.weights.spec.version if self.weights.spec else None,
+                tools=tools,
+                tool_parser=tool_parser,
             )
             run.resident = name
             traj.instance = name

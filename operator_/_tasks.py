@@ -2,7 +2,8 @@
 
 A task is ``{"id": ..., "messages": [{"role", "content"}, ...]}`` or
 ``{"id": ..., "prompt": "..."}`` (a single user message), with an optional
-``system`` string and a free-form ``metadata`` object copied to the output.
+``system`` string, a free-form ``metadata`` object copied to the output, and
+``tools``: OpenAI function schemas for this task, used instead of the job's.
 Rows as verl, slime and SkyRL write them, and parquet files, are read too
 (``_formats.py``). A malformed entry is reported with its line number and
 skipped; the others go on (docs/rollouts.md).
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from heddle.exceptions import ManifestError, TaskError
+from heddle.worker import tool_schema_error
 
 from ._formats import parquet_rows, split_trainer_row
 from ._yaml import read_text
@@ -32,6 +34,7 @@ class Task:
     messages: tuple[Mapping[str, str], ...]
     metadata: Mapping[str, Any] = field(default_factory=dict)
     fields: Mapping[str, Any] = field(default_factory=dict)  # a trainer row's own (_formats.py)
+    tools: tuple[Mapping[str, Any], ...] | None = None  # None: the job's tool schemas
 
 
 @dataclass
@@ -47,10 +50,11 @@ def parse_task(raw: Any, where: str, default_id: str) -> Task:
     raw, fields = split_trainer_row(raw, where)
     if not isinstance(raw, Mapping):
         raise TaskError(where, f"a task must be a JSON object, got {_kind(raw)}")
-    unknown = set(raw) - {"id", "messages", "prompt", "system", "metadata"}
+    unknown = set(raw) - {"id", "messages", "prompt", "system", "metadata", "tools"}
     if unknown:
         raise TaskError(
-            where, f"{len(unknown)} unknown field(s); use id, messages|prompt, system, metadata"
+            where,
+            f"{len(unknown)} unknown field(s); use id, messages|prompt, system, metadata, tools",
         )
     task_id = raw.get("id", default_id)
     if not isinstance(task_id, str | int) or isinstance(task_id, bool) or str(task_id) == "":
@@ -82,7 +86,19 @@ def parse_task(raw: Any, where: str, default_id: str) -> Task:
     metadata = raw.get("metadata", {})
     if not isinstance(metadata, Mapping):
         raise TaskError(where, f"metadata must be an object, got {_kind(metadata)}")
-    return Task(str(task_id), tuple(messages), dict(metadata), fields)
+    return Task(str(task_id), tuple(messages), dict(metadata), fields, _tools(raw, where))
+
+
+def _tools(raw: Mapping[str, Any], where: str) -> tuple[Mapping[str, Any], ...] | None:
+    if "tools" not in raw:
+        return None
+    tools = raw["tools"]
+    if not isinstance(tools, list):
+        raise TaskError(where, f"tools must be a list of OpenAI function tools, got {_kind(tools)}")
+    for i, tool in enumerate(tools):
+        if (error := tool_schema_error(tool, f"tools[{i}]")) is not None:
+            raise TaskError(where, error)
+    return tuple(tools)
 
 
 def _kind(value: Any) -> str:

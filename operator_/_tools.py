@@ -1,5 +1,10 @@
 """The ``tools`` environment: tool calls parsed from the model's text, run over HTTP.
 
+The worker parses each turn with the vLLM tool parser the job names (it holds
+the tokenizer) and the session runs the calls it returns; the regex
+:class:`HermesParser` here is the fallback for engines without one (the sim
+engine). The record's messages carry the calls in OpenAI's format.
+
 Tool protocol (docs/rollouts.md): ``POST <url>`` with JSON
 ``{"name": ..., "arguments": {...}, "trajectory_id": ...}``; the tool answers
 200 with ``{"content": "<text for the model>"}``. Each attempt has one
@@ -15,18 +20,19 @@ under ``onError: fail`` it ends the trajectory as failed with the reason.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import httpx
 
-from heddle.exceptions import ConfigError, ToolError
+from heddle.exceptions import ToolError
 
-from ._environments import Environment, Episode, Outcome
+from ._environments import Environment, Episode, Outcome, ParsedCalls
 from ._manifests import ToolEndpointSpec, ToolsSpec
 from ._tasks import Task
 
@@ -36,7 +42,6 @@ __all__ = [
     "ToolCall",
     "ToolCallParser",
     "ToolsEnvironment",
-    "get_parser",
 ]
 
 
@@ -44,6 +49,16 @@ __all__ = [
 class ToolCall:
     name: str
     arguments: Mapping[str, Any]
+    id: str = ""
+
+    def openai(self) -> dict[str, Any]:
+        """The call as an assistant message lists it (arguments as a JSON string)."""
+        arguments = json.dumps(dict(self.arguments), ensure_ascii=False)
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": arguments},
+        }
 
 
 class ToolCallParser(ABC):
@@ -54,6 +69,10 @@ class ToolCallParser(ABC):
     @abstractmethod
     def parse(self, text: str) -> tuple[list[ToolCall], list[str]]:
         """(calls, errors)."""
+
+    @abstractmethod
+    def content(self, text: str) -> str:
+        """The turn's text without its tool calls."""
 
 
 class HermesParser(ToolCallParser):
@@ -87,17 +106,25 @@ class HermesParser(ToolCallParser):
                 calls.append(ToolCall(data["name"], args))
         return calls, errors
 
+    def content(self, text: str) -> str:
+        return text.split("<tool_call>", 1)[0]
 
-PARSERS: dict[str, type[ToolCallParser]] = {HermesParser.name: HermesParser}
 
-
-def get_parser(name: str) -> ToolCallParser:
-    try:
-        return PARSERS[name]()
-    except KeyError:
-        raise ConfigError(
-            f"unknown tool-call parser {name!r}; choose one of {sorted(PARSERS)}"
-        ) from None
+def _from_worker(parsed: ParsedCalls) -> tuple[list[ToolCall], list[str]]:
+    """The worker's OpenAI-format calls; arguments that are not a JSON object are errors."""
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    for call in parsed.calls:
+        name = str(call["function"]["name"])
+        try:
+            args = json.loads(call["function"]["arguments"])
+        except (TypeError, ValueError):
+            args = None
+        if isinstance(args, dict):
+            calls.append(ToolCall(name, args, str(call.get("id", ""))))
+        else:
+            errors.append(f"tool call {name!r}: arguments must be a JSON object")
+    return calls, errors
 
 
 MAX_REPLY_BYTES = 1 << 20  # a tool reply's HTTP body at most; a longer one is refused unread
@@ -212,33 +239,59 @@ def _transport_cause(exc: httpx.HTTPError) -> str:
 class _ToolsEpisode(Episode):
     env: ToolsEnvironment | None = None
 
-    async def after_turn(self, turn: int, text: str, finish_reason: str) -> Outcome:
+    def chat_tools(self) -> tuple[Sequence[Mapping[str, Any]], str | None]:
         env = self.env
         assert env is not None
-        calls, errors = env.parser.parse(text)
+        tools = env.spec.schemas if self.task.tools is None else self.task.tools
+        return tools, env.spec.parser
+
+    async def after_turn(
+        self, turn: int, text: str, finish_reason: str, parsed: ParsedCalls | None = None
+    ) -> Outcome:
+        env = self.env
+        assert env is not None
+        if parsed is not None:
+            calls, errors = _from_worker(parsed)
+            content = parsed.content
+        else:  # an engine without vLLM's parsers: the Hermes regex
+            calls, errors = env.parser.parse(text)
+            content = env.parser.content(text)
+        calls = [
+            c if c.id else dataclasses.replace(c, id=f"call_{turn}_{i}")
+            for i, c in enumerate(calls)
+        ]
+        assistant = (
+            {"role": "assistant", "content": content, "tool_calls": [c.openai() for c in calls]}
+            if calls
+            else None
+        )
         if not calls and not errors:
             return Outcome(done=True, finish_reason="stop" if finish_reason == "stop" else "length")
         loop = asyncio.get_running_loop()
         started = loop.time()
         results = await asyncio.gather(*(env.run(call, self.trajectory_id) for call in calls))
         self.tool_seconds += loop.time() - started
-        messages = [{"role": "tool", "content": f"error: {e}"} for e in errors]
+        messages: list[Mapping[str, Any]] = [
+            {"role": "tool", "content": f"error: {e}"} for e in errors
+        ]
         failures = len(errors)
-        for content, failed in results:
+        for call, (reply, failed) in zip(calls, results, strict=True):
             failures += failed
             if failed and env.spec.on_error == "fail":
                 return Outcome(
                     done=True,
                     finish_reason="failed",
-                    error=content,
+                    error=reply,
                     tool_calls=tuple(c.name for c in calls),
                     tool_errors=failures,
+                    assistant=assistant,
                 )
-            messages.append({"role": "tool", "content": content})
+            messages.append({"role": "tool", "content": reply, "tool_call_id": call.id})
         return Outcome(
             messages=tuple(messages),
             tool_calls=tuple(c.name for c in calls),
             tool_errors=failures,
+            assistant=assistant,
         )
 
 
@@ -249,7 +302,7 @@ class ToolsEnvironment(Environment):
 
     def __init__(self, spec: ToolsSpec, *, expected_tool_s: float = 1.0) -> None:
         self.spec = spec
-        self.parser = get_parser(spec.parser)
+        self.parser = HermesParser()  # used only when the worker does not parse (sim)
         self.endpoints = {e.name: e for e in spec.endpoints}
         self.expected_tool_s = expected_tool_s
         self._client = httpx.AsyncClient(

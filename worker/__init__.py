@@ -12,7 +12,8 @@ with synthetic tokens, for scale tests and benchmarks without a model; the
 
 from ._app import WorkerState, create_app
 from ._body_limit import MAX_BODY_BYTES
-from ._engine import Engine, EngineError, EngineStats, Sampling, StepOutput
+from ._chat import TOOL_PARSERS, tool_schema_error
+from ._engine import Engine, EngineError, EngineStats, ParsedTurn, Sampling, StepOutput
 from ._environment import (
     Check,
     check_vllm_environment,
@@ -24,6 +25,7 @@ from ._schemas import (
     ChatMessage,
     ErrorResponse,
     ExportResponse,
+    FunctionCall,
     GenerateRequest,
     GenerateResponse,
     ImportRequest,
@@ -31,6 +33,7 @@ from ._schemas import (
     SamplingParams,
     StateResponse,
     Timings,
+    ToolCall,
     WeightsRequest,
     WeightsResponse,
 )
@@ -44,6 +47,7 @@ __all__ = [
     "FIELD_RANGES",
     "MAX_BODY_BYTES",
     "THREADS_BIND",
+    "TOOL_PARSERS",
     "ChatMessage",
     "Check",
     "Engine",
@@ -51,17 +55,20 @@ __all__ = [
     "EngineStats",
     "ErrorResponse",
     "ExportResponse",
+    "FunctionCall",
     "GenerateRequest",
     "GenerateResponse",
     "ImportRequest",
     "ImportResponse",
     "LoadedWeights",
+    "ParsedTurn",
     "Sampling",
     "SamplingParams",
     "SimulatedEngine",
     "StateResponse",
     "StepOutput",
     "Timings",
+    "ToolCall",
     "VLLMConfig",
     "VLLMEngine",
     "WeightsRequest",
@@ -71,6 +78,7 @@ __all__ = [
     "create_app",
     "probe_vllm_import",
     "serve",
+    "tool_schema_error",
     "vllm_cpu_env",
     "vllm_environment_checks",
 ]

@@ -21,12 +21,14 @@ from starlette.exceptions import HTTPException
 from heddle.exceptions import CheckpointError, EngineInputError
 
 from ._body_limit import MAX_BODY_BYTES, BodyLimit
+from ._chat import chat_delta
 from ._engine import Engine, EngineError, Sampling, StepOutput
 from ._schemas import (
     FIELD_RANGES,
     TOKEN_ID_FIELDS,
     ErrorResponse,
     ExportResponse,
+    FunctionCall,
     GenerateRequest,
     GenerateResponse,
     HealthResponse,
@@ -35,6 +37,7 @@ from ._schemas import (
     ReadyResponse,
     StateResponse,
     Timings,
+    ToolCall,
     WeightsRequest,
     WeightsResponse,
 )
@@ -175,7 +178,9 @@ def _sentence(exc: RequestValidationError, vocab_size: int) -> tuple[int, str]:
         if field_ in TOKEN_ID_FIELDS and e.get("type") == "greater_than_equal":
             return 422, _outside_vocabulary(field_, e.get("input"), vocab_size)
         bounds = FIELD_RANGES.get(where)
-        if bounds is not None:
+        if e.get("type") == "heddle":  # our validators' sentences name the field themselves
+            parts.append(str(e.get("msg")))
+        elif bounds is not None:
             parts.append(f"{where} must be a number in {bounds}, not {e.get('input')!r}")
         else:
             parts.append(f"{where}: {e.get('msg', 'invalid')}")
@@ -338,20 +343,43 @@ def create_app(
                 "retry in a moment or on another worker",
             )
 
-    def _tokenize(messages: list[dict[str, str]]) -> list[int]:
-        return engine.encode(engine.render_chat(messages, True))
-
-    async def _appended(body: GenerateRequest) -> list[int]:
+    async def _appended(body: GenerateRequest, held: list[int]) -> list[int]:
         if body.append_token_ids is not None:
             _check_vocab("append_token_ids", body.append_token_ids)
             return body.append_token_ids
         if body.messages is None:
             return []
-        messages = [msg.model_dump() for msg in body.messages]
+        messages = [msg.model_dump(exclude_none=True) for msg in body.messages]
+
+        def render(chat: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+            return engine.render_chat(chat, add_generation_prompt, body.tools)
+
+        def tokenize() -> list[int]:
+            try:
+                return chat_delta(render, engine.encode, messages, held[-1] if held else None)
+            except ValueError as exc:
+                raise ApiError(422, f"messages cannot be appended: {exc}") from exc
+
         if sum(len(msg.content) for msg in body.messages) < _INLINE_TOKENIZE_CHARS:
-            return _tokenize(messages)
+            return tokenize()
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(state.tokenizer, _tokenize, messages)
+        return await loop.run_in_executor(state.tokenizer, tokenize)
+
+    def _parsed(body: GenerateRequest, text: str) -> dict[str, Any]:
+        """The reply's tool_calls and content, when the request names a parser the engine has."""
+        if body.tool_parser is None:
+            return {}
+        try:
+            turn = engine.parse_tool_calls(text, body.tool_parser, body.tools)
+        except EngineInputError as exc:
+            raise ApiError(422, f"invalid request: {exc}") from exc
+        if turn is None:
+            return {}
+        calls = [
+            ToolCall(id=id_, function=FunctionCall(name=name, arguments=arguments))
+            for id_, name, arguments in turn.tool_calls
+        ]
+        return {"tool_calls": calls, "content": turn.content}
 
     async def _step(
         request: Request, trajectory_id: str, context: list[int], sampling: Sampling, priority: int
@@ -430,12 +458,12 @@ def create_app(
         trajectory_id: str, body: GenerateRequest, request: Request, previous: list[int] | None
     ) -> Response | None:
         """The step's answer, or ``None`` if the client went away before it finished."""
-        appended = await _appended(body)
+        held = [] if body.reset or previous is None else previous
+        appended = await _appended(body, held)
         if body.reset and not appended:
             raise ApiError(422, "reset needs append_token_ids or messages to start from")
         if previous is None and not appended:
             _context(trajectory_id)  # raises 404
-        held = [] if body.reset or previous is None else previous
         if body.reset and previous is not None:
             engine.release(trajectory_id)
         context = [*held, *appended]
@@ -448,6 +476,8 @@ def create_app(
                 f"trajectory {trajectory_id!r} holds {len(context)} tokens: no room left to "
                 f"generate within the model's max length {engine.max_model_len}",
             )
+        if body.tool_parser is not None:
+            _parsed(body, "")  # a parser that does not fit the model fails before the step
         state.contexts[trajectory_id] = context
         started = time.monotonic()
         output = await _step(
@@ -479,16 +509,18 @@ def create_app(
         m.cached.inc(output.cached_tokens)
         m.step_latency.observe(total)
         state.recent.append((time.monotonic(), len(output.token_ids)))
+        text = engine.decode(output.token_ids)
         reply = GenerateResponse(
             trajectory_id=trajectory_id,
             appended_token_ids=appended,
             token_ids=output.token_ids,
-            text=engine.decode(output.token_ids),
+            text=text,
             finish_reason=output.finish_reason,
             prompt_tokens=output.prompt_tokens,
             cached_tokens=output.cached_tokens,
             context_tokens=len(context),
             logprobs=output.logprobs,
+            **_parsed(body, text),
             timings=Timings(
                 queue_s=output.queue_s,
                 prefill_s=output.prefill_s,

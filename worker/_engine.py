@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from heddle.exceptions import CheckpointError
 
 from ._weights import LoadedWeights
 
-__all__ = ["Engine", "EngineError", "EngineStats", "Sampling", "StepOutput"]
+__all__ = ["Engine", "EngineError", "EngineStats", "ParsedTurn", "Sampling", "StepOutput"]
 
 
 class EngineError(RuntimeError):
@@ -41,6 +43,14 @@ class StepOutput:
     queue_s: float = 0.0
     prefill_s: float = 0.0
     decode_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ParsedTurn:
+    """A turn's text split by a tool parser: the prose, and each call as (id, name, JSON args)."""
+
+    content: str
+    tool_calls: list[tuple[str, str, str]]
 
 
 @dataclass(frozen=True)
@@ -120,6 +130,18 @@ class Engine(ABC):
     def decode(self, token_ids: list[int]) -> str:
         raise NotImplementedError
 
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-        """Chat messages to text with the model's chat template."""
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
+        """Chat messages to text with the model's chat template, ``tools`` handed to it."""
         raise NotImplementedError
+
+    def parse_tool_calls(
+        self, text: str, parser: str, tools: Sequence[Mapping[str, Any]] | None
+    ) -> ParsedTurn | None:
+        """The turn's tool calls as the named vLLM parser reads them; ``None`` when this
+        engine has no such parser (the caller parses the text itself)."""
+        return None

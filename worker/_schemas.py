@@ -10,9 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from heddle.scheduler import SAMPLING_LIMITS
+
+from ._chat import TOOL_PARSERS, tool_schema_error
 
 __all__ = [
     "FIELD_RANGES",
@@ -20,6 +23,7 @@ __all__ = [
     "ChatMessage",
     "ErrorResponse",
     "ExportResponse",
+    "FunctionCall",
     "GenerateRequest",
     "GenerateResponse",
     "HealthResponse",
@@ -30,6 +34,7 @@ __all__ = [
     "SamplingParams",
     "StateResponse",
     "Timings",
+    "ToolCall",
     "WeightsRequest",
     "WeightsResponse",
 ]
@@ -88,9 +93,26 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str = Field(description="the arguments as a JSON string (OpenAI's format)")
+
+
+class ToolCall(_Strict):
+    """One tool call in OpenAI's format."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: list[ToolCall] | None = Field(
+        None, description="an assistant message's tool calls (OpenAI format)"
+    )
+    tool_call_id: str | None = Field(None, description="a tool message: the call it answers")
 
 
 class SamplingParams(_Strict):
@@ -116,6 +138,16 @@ class GenerateRequest(_Strict):
         min_length=1,
         description="chat messages to append, rendered with the model's chat template",
     )
+    tools: list[dict[str, Any]] | None = Field(
+        None,
+        description="tool schemas (OpenAI function format) handed to the chat template "
+        "with messages",
+    )
+    tool_parser: str | None = Field(
+        None,
+        description="a vLLM tool parser's name (hermes, qwen3_coder, ...): the reply then "
+        "carries the turn's parsed tool_calls and content",
+    )
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     priority: int = PRIORITY.field(0, "lower runs first (vLLM priority scheduling)")
     reset: bool = Field(
@@ -124,6 +156,25 @@ class GenerateRequest(_Strict):
     weight_version: str | None = Field(
         None, description="refuse the step (421) unless the worker serves this weights version"
     )
+
+    @field_validator("tools")
+    @classmethod
+    def _valid_tools(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for i, tool in enumerate(tools or ()):
+            if (error := tool_schema_error(tool, f"tools[{i}]")) is not None:
+                raise PydanticCustomError("heddle", error)
+        return tools
+
+    @field_validator("tool_parser")
+    @classmethod
+    def _known_parser(cls, name: str | None) -> str | None:
+        if name is not None and name not in TOOL_PARSERS:
+            raise PydanticCustomError(
+                "heddle",
+                f"tool_parser={name!r} is not one of vLLM's tool parsers; "
+                f"use one of {', '.join(TOOL_PARSERS)}",
+            )
+        return name
 
     @model_validator(mode="after")
     def _one_source(self) -> GenerateRequest:
@@ -151,6 +202,12 @@ class GenerateResponse(_Strict):
     cached_tokens: int
     context_tokens: int
     logprobs: list[float] | None = None
+    tool_calls: list[ToolCall] | None = Field(
+        None, description="with tool_parser: the turn's tool calls, parsed by vLLM's parser"
+    )
+    content: str | None = Field(
+        None, description="with tool_parser: the turn's text without its tool-call markup"
+    )
     timings: Timings
 
 

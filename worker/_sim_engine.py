@@ -24,7 +24,9 @@ import random
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from heddle.scheduler import PerfModel
 
@@ -233,7 +235,13 @@ class SimulatedEngine(Engine):
     def decode(self, token_ids: list[int]) -> str:
         return bytes(t for t in token_ids if 0 <= t < 256).decode("utf-8", errors="replace")
 
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
+        # No template knows the tools here: the session's own parser reads tool calls.
         text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
         return text + ("<|assistant|>\n" if add_generation_prompt else "")
 

@@ -11,13 +11,15 @@ import itertools
 import json
 import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from heddle.exceptions import ConfigError, EngineInputError
 
-from ._engine import Engine, EngineError, EngineStats, Sampling, StepOutput
+from ._engine import Engine, EngineError, EngineStats, ParsedTurn, Sampling, StepOutput
 from ._environment import is_cpu_build
+from ._tool_parsing import VLLMToolParsers
 from ._vllm_env import vllm_cpu_env
 from ._weights import CheckpointLayout, LoadedWeights, check_compatible, checkpoint_layout
 
@@ -142,6 +144,7 @@ class VLLMEngine(Engine):
         args = AsyncEngineArgs(**engine_kwargs(self.config, cpu_build=is_cpu_build()))
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._stat_logger_factory()])
         self._tokenizer = self._llm.tokenizer
+        self._tool_parsers = VLLMToolParsers(self._tokenizer, self.model)
         # vLLM's own bound (renderers' validate_token_ids): the tokenizer's ids and the
         # model's embedding rows may differ (Qwen3 pads its vocabulary); either is valid.
         self.vocab_size = max(
@@ -315,9 +318,22 @@ class VLLMEngine(Engine):
     def decode(self, token_ids: list[int]) -> str:
         return str(self._tokenizer.decode(token_ids))
 
-    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
         return str(
             self._tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+                messages,
+                tools=list(tools) if tools else None,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
             )
         )
+
+    def parse_tool_calls(
+        self, text: str, parser: str, tools: Sequence[Mapping[str, Any]] | None
+    ) -> ParsedTurn | None:
+        return self._tool_parsers.parse(text, parser, tools)

@@ -57,7 +57,7 @@ def test_heddle_rows_stay_strict(tmp_path: Path) -> None:
     got = read_tasks(path=_jsonl(tmp_path, {"prompt": "hi", "answer": 4}))
     assert [str(e) for e in got.errors] == [
         f"{tmp_path / 'tasks.jsonl'} line 1: 1 unknown field(s); use id, messages|prompt, "
-        "system, metadata"
+        "system, metadata, tools"
     ]
 
 

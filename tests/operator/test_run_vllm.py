@@ -11,15 +11,26 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from heddle.operator._client import WorkerEndpoint
 from heddle.operator._local import LocalPool
+from heddle.operator._manifests import SamplingSpec, ToolEndpointSpec, ToolsSpec
 from heddle.operator._session import RolloutSession, SessionResult
+from heddle.operator._tasks import Task
+from heddle.operator._tools import ToolsEnvironment
 
 from .._vllm import require_vllm
-from .conftest import assert_consistent, assert_exactly_once, read_records, start_pool
+from .conftest import (
+    ToolServer,
+    assert_consistent,
+    assert_exactly_once,
+    read_records,
+    start_pool,
+)
 from .test_session import _keys, _session, _synthetic, stop_after
 
 pytestmark = pytest.mark.slow  # real processes or engines; `-m 'not slow'` skips them
@@ -111,3 +122,36 @@ def test_session_restart_then_worker_death_lose_nothing(
     assert recomputed
     for r in records:
         assert_consistent(r)
+
+
+def test_a_tools_job_shows_the_model_its_tools_through_the_chat_template(
+    vllm_pool: tuple[LocalPool, list[WorkerEndpoint]], tool_server: ToolServer, tmp_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    _, workers = vllm_pool
+    model = httpx.get(f"{workers[0].url}/v1/state", timeout=10).json()["model"]
+    tokenizer = AutoTokenizer.from_pretrained(model)
+
+    def calc(description: str) -> dict[str, Any]:
+        parameters = {"type": "object", "properties": {"x": {"type": "integer"}}}
+        function = {"name": "calc", "description": description, "parameters": parameters}
+        return {"type": "function", "function": function}
+
+    job_tools, own_tools = (calc("the job's calculator"),), (calc("this task's calculator"),)
+    endpoint = ToolEndpointSpec("calc", tool_server.url + "/ok", timeout_s=2.0, retries=0)
+    env = ToolsEnvironment(ToolsSpec(endpoints=(endpoint,), schemas=job_tools))
+    question = ({"role": "user", "content": "add 2 and 2"},)
+    tasks = [Task("job", question), Task("own", question, tools=own_tools)]
+    out = tmp_path / "out.jsonl"
+    sampling = SamplingSpec(max_tokens_per_turn=8, max_total_tokens=32)
+    asyncio.run(_session(workers, out, tasks, env, 1, sampling=sampling).run())
+    records = {r["task_id"]: r for r in read_records(out)}
+    for task_id, tools in (("job", job_tools), ("own", own_tools)):
+        expected = tokenizer.apply_chat_template(
+            list(question), tools=list(tools), tokenize=False, add_generation_prompt=True
+        )
+        prompt = tokenizer.decode(records[task_id]["prompt_token_ids"])
+        assert prompt == expected, task_id
+        assert tools[0]["function"]["description"] in prompt
+        assert_consistent(records[task_id])

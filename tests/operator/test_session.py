@@ -199,6 +199,16 @@ def test_tools_environment_runs_tool_calls_and_reports_failures(
     ok = records["ok"]
     assert ok["status"] == "done" and ok["turns"] == 2 and ok["tool_calls"] == 1
     assert [m["role"] for m in ok["messages"]] == ["user", "assistant", "tool", "assistant"]
+    # OpenAI's format: the call (parsed by the Hermes fallback: the sim has no vLLM parser)
+    # on the assistant message, its id on the tool result.
+    call = {"id": "call_0_0", "type": "function"}
+    call["function"] = {"name": "calc", "arguments": '{"x": 2}'}
+    assert ok["messages"][1] == {
+        "role": "assistant",
+        "content": "let me compute ",
+        "tool_calls": [call],
+    }
+    assert ok["messages"][2]["tool_call_id"] == "call_0_0"
     assert ok["messages"][2]["content"] == 'calc says {"x": 2}'
     assert ok["messages"][3]["content"] == "the answer is 4"
     assert_consistent(ok)

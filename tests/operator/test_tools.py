@@ -16,7 +16,6 @@ from heddle.operator._tools import (
     HermesParser,
     ToolCall,
     call_tool,
-    get_parser,
 )
 
 from .conftest import ToolServer
@@ -34,11 +33,6 @@ def test_hermes_parser_finds_calls_and_reports_bad_ones() -> None:
     assert "not valid JSON" in errors[0]
     assert '"name": string' in errors[1]
     assert HermesParser().parse("no calls here") == ([], [])
-
-
-def test_unknown_parser_lists_the_valid_ones() -> None:
-    with pytest.raises(ConfigError, match=r"choose one of \['hermes'\]"):
-        get_parser("mistral")
 
 
 def _call(server: ToolServer, path: str, retries: int = 2, timeout: float = 2.0) -> str:
