@@ -281,13 +281,17 @@ class RolloutSession:
         try:
             deadline_hit = await self._wait(tasks, helpers)
         finally:
+            # A worker may join while the session shuts down (the operator syncs workers
+            # concurrently): from here on it is not connected.
+            self._connected = False
             for t in [*tasks, *helpers]:
                 t.cancel()
             await asyncio.gather(*tasks, *helpers, return_exceptions=True)
             await self.environment.close()
             if self.environment.reward is not None:
                 await self.environment.reward.close()
-            for http in self._pools.values():
+            pools, self._pools = list(self._pools.values()), {}
+            for http in pools:
                 await http.aclose()
             if deadline_hit:
                 self._truncate_unfinished()

@@ -346,3 +346,22 @@ def test_step_seeds_derive_from_the_jobs_and_stay_valid() -> None:
     top = SAMPLING_LIMITS.seed_max  # the largest seed the manifest accepts
     seeds = {step_seed(top, t, s, turn) for t in range(50) for s in range(4) for turn in range(3)}
     assert len(seeds) == 50 * 4 * 3 and all(0 <= x <= top for x in seeds)
+
+
+def test_a_worker_joining_while_the_session_shuts_down_is_not_connected(
+    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    """The operator adds workers concurrently; one that joins at the end opens nothing."""
+    _, workers = sim_pool
+    tasks, env = _synthetic(2, 2)
+    session = _session(workers[:1], tmp_path / "out.jsonl", tasks, env, 2)
+    closing = env.close
+
+    async def close_and_join() -> None:
+        session.add_worker(workers[1])  # as _sync_workers may, mid-shutdown
+        await closing()
+
+    env.close = close_and_join  # type: ignore[method-assign]
+    result = asyncio.run(session.run())
+    assert result.progress.done == 4
+    assert session._pools == {}  # every connection closed, none opened for the late worker
