@@ -375,3 +375,22 @@ def test_the_old_auto_shape_gets_a_sentence_saying_what_to_write() -> None:
 def test_a_job_with_no_task_left_is_refused() -> None:
     with pytest.raises(ManifestError, match="no task to run"):
         check_trajectories(0, 4, "RolloutJob 'j'")
+
+
+def test_readme_resources_pass_the_crds_and_the_parser() -> None:
+    import re
+
+    from ._cluster import validate
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    docs = [
+        d
+        for block in re.findall(r"```yaml\n(.*?)```", text, flags=re.S)
+        for d in yaml.safe_load_all(block)
+        if isinstance(d, dict) and d.get("apiVersion") == "heddle.dev/v1alpha1"
+    ]
+    assert {d["kind"] for d in docs} == {"EnginePool", "RolloutJob"}
+    for doc in docs:
+        plural = {"EnginePool": "enginepools", "RolloutJob": "rolloutjobs"}[doc["kind"]]
+        validate(plural, doc)
+        (EnginePoolSpec if doc["kind"] == "EnginePool" else RolloutJobSpec).from_manifest(doc)
