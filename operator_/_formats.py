@@ -83,4 +83,14 @@ def parquet_rows(path: Path) -> Iterator[tuple[str, str, Any]]:
             f"{path} is not a readable parquet file ({exc}); fix spec.tasks.path"
         ) from None
     for number, row in enumerate(rows, start=1):
-        yield f"{path} row {number}", f"row-{number}", row
+        yield f"{path} row {number}", f"row-{number}", _without_nulls(row)
+
+
+def _without_nulls(value: Any) -> Any:
+    """Parquet gives every row every field of a struct column (null where a row had none):
+    a message would gain ``tool_calls: null``, ``extra_info`` another row's keys."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value

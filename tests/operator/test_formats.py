@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -84,16 +85,31 @@ def test_bad_trainer_row_names_its_line_and_field(
     assert sentence in str(got.errors[0]) and "\n" not in str(got.errors[0])
 
 
-def test_parquet_without_pyarrow_says_what_to_install(tmp_path: Path) -> None:
+def test_parquet_without_pyarrow_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "train.parquet"
     path.write_bytes(b"PAR1")
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        with pytest.raises(
-            ManifestError, match="reading one needs pyarrow, which is not installed"
-        ):
-            read_tasks(path=path)
-    else:  # pragma: no cover - pyarrow is not in the dev environment
-        with pytest.raises(ManifestError, match="is not a readable parquet file"):
-            read_tasks(path=path)
+    with pytest.raises(ManifestError, match="is not a readable parquet file"):
+        read_tasks(path=path)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # as if it were not installed
+    with pytest.raises(ManifestError, match="reading one needs pyarrow, which is not installed"):
+        read_tasks(path=path)
+
+
+def test_parquet_rows_read_as_their_jsonl_twins(tmp_path: Path) -> None:
+    """verl and SkyRL preprocess into parquet (pandas/datasets over pyarrow): same tasks."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for rows in ([VERL, {**VERL, "extra_info": {"split": "train", "index": 9}}], [SKYRL], [SLIME]):
+        path = tmp_path / "train.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        got = read_tasks(path=path)
+        want = read_tasks(path=_jsonl(tmp_path, *rows))
+        assert got.errors == [] and want.errors == []
+        assert [t.messages for t in got.tasks] == [t.messages for t in want.tasks]
+        ids = [t.id.replace("row-", "line-") for t in got.tasks]  # a row's number, else its index
+        assert ids == [t.id for t in want.tasks]
+        # Parquet fills a struct's missing keys with nulls; the row reads as it was written.
+        assert [t.fields for t in got.tasks] == [t.fields for t in want.tasks]
