@@ -12,7 +12,7 @@ from heddle.exceptions import ConfigError, HeddleError
 
 from .._cluster import ClusterSpec
 from .._migration import Move
-from .._perf import EngineInstance
+from .._perf import EngineInstance, PerfModel
 from .._placement import ClusterView
 from .._policies import (
     SchedulingPolicy,
@@ -22,10 +22,11 @@ from .._policies import (
     make_predictor,
 )
 from .._predictor import LengthPredictor, OraclePredictor
-from .._shape import AnnealingShapePlanner, ShapeConfig
+from .._shape import ShapeConfig
 from .._types import FinishedTrajectory, PoolShape, Trajectory, TrajectoryState
 from .._workload import TrajectoryScript
 from ._entities import SimEngine, SimTrajectory
+from ._plan import SimulatedShapePlanner
 from ._results import SimResult, summarise
 
 __all__ = ["SimConfig", "Simulator"]
@@ -68,7 +69,9 @@ class Simulator:
     scheduler knows about a running tool call (the script holds the truth).
     ``shape`` pins the pool's TP mix (a benchmark's homogeneous TP sweep);
     otherwise adaptive policies plan it and the others run the cluster's
-    baseline shape.
+    baseline shape. ``perf`` replaces the cluster's performance model (the
+    shape planner's mini-simulations, which cost a pool described by a
+    :class:`PerfModel` rather than by presets).
     """
 
     def __init__(
@@ -82,13 +85,14 @@ class Simulator:
         config: SimConfig | None = None,
         predictor: LengthPredictor | None = None,
         shape: PoolShape | None = None,
+        perf: PerfModel | None = None,
     ) -> None:
         if not scripts:
             raise ConfigError("the workload has no trajectories to simulate")
         self.config = config or SimConfig()
         self.cluster = cluster
         self.policy = policy
-        self.perf = cluster.perf_model()
+        self.perf = perf if perf is not None else cluster.perf_model()
         self.ordering = make_ordering(policy.ordering)
         self.placement = make_placement(policy.placement)
         self.migration = make_migration(policy.migration, self.perf)
@@ -131,18 +135,28 @@ class Simulator:
         baseline = self.cluster.baseline_shape()
         if not self.policy.adaptive_shape:
             return baseline
-        lengths = [float(r.total_tokens) for r in history]
-        if not lengths:  # no earlier rollout: plan for the predictor's prior
+        records = list(history)
+        if not records:  # no earlier rollout: plan for the predictor's prior
             for sim in self.sims.values():
                 self._predict(sim)
-            lengths = [s.traj.predicted_remaining_tokens for s in self.sims.values()]
+            records = [
+                FinishedTrajectory(
+                    s.traj.group_id,
+                    s.traj.prompt_tokens,
+                    max(1, round(s.traj.predicted_remaining_tokens)),
+                    max(1, round(s.traj.predicted_remaining_turns)),
+                )
+                for s in self.sims.values()
+            ]
         config = ShapeConfig(
             gpu_budget=self.cluster.gpus,
             gpus_per_node=self.cluster.gpus_per_node,
             tensor_parallel_sizes=self.cluster.tensor_parallel_sizes,
             reshape_s=self.config.initial_reshape_s,
         )
-        plan = AnnealingShapePlanner(self.perf, config).plan(lengths, baseline)
+        plan = SimulatedShapePlanner(self.perf, config).plan_history(
+            records, baseline, tool_means_s=self.tool_means_s
+        )
         return plan.shape
 
     def _check_fits(self, inst: EngineInstance) -> None:
