@@ -294,7 +294,7 @@ async def _run_session(
     key = (job.namespace, job.engine_pool)
     runtime = ctx.pools.setdefault(key, PoolRuntime())
     if pool.shape is None:
-        runtime.planned = plan_shape(local, perf)
+        runtime.planned = await asyncio.to_thread(plan_shape, local, perf)  # mini-simulations
     workers = _ready_workers(pool_body)
     session = RolloutSession(
         job=job.name,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,8 @@ from heddle.exceptions import ManifestError, OutputError
 from heddle.scheduler import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,
-    AnnealingShapePlanner,
+    Distribution,
+    FinishedTrajectory,
     PerfModel,
     PoolShape,
     ShapeConfig,
@@ -30,6 +32,7 @@ from heddle.scheduler import (
     get_policy,
     make_predictor,
 )
+from heddle.scheduler.sim import SimulatedShapePlanner
 
 from ._environments import Environment, SyntheticEnvironment, synthetic_tasks
 from ._hosts import HostAllowList, check_tool_hosts
@@ -143,7 +146,14 @@ def perf_model_for(pool: EnginePoolSpec) -> PerfModel:
 
 
 def plan_shape(local: LocalJob, perf: PerfModel) -> PoolShape:
-    """A pinned shape as given; ``auto`` from the predictor's prior over the job's trajectories."""
+    """A pinned shape as given; ``auto`` from the predictor's prior over the job's trajectories.
+
+    The same planner as the simulator's (:class:`SimulatedShapePlanner`): each
+    candidate shape is scored by a scaled-down simulation of the predicted
+    trajectories (their lengths and turns from the predictor's prior; tool
+    latency and reply length from the synthetic workload when there is one),
+    so the KV cache, recompute, the batch cap and tool time count.
+    """
     pool = local.pool
     if pool.shape is not None:
         return pool.shape
@@ -155,18 +165,41 @@ def plan_shape(local: LocalJob, perf: PerfModel) -> PoolShape:
     predictor = make_predictor(policy.predictor)
     from heddle.scheduler import Trajectory  # noqa: PLC0415 - only here
 
-    lengths = []
+    records = []
     for i, task in enumerate(local.tasks.tasks):
         prompt = max(1, sum(len(m["content"]) // 4 for m in task.messages))
         for s in range(local.job.samples_per_task):
             t = Trajectory(f"t{i}-{s}", f"t{i}", prompt)
-            lengths.append(predictor.update(t).remaining_tokens)
+            prediction = predictor.update(t)
+            records.append(
+                FinishedTrajectory(
+                    f"t{i}",
+                    prompt,
+                    max(1, round(prediction.remaining_tokens)),
+                    max(1, round(prediction.remaining_turns)),
+                )
+            )
+    tool_means: dict[str, float] = {}
+    reply_tokens = 128.0
+    if local.workload is not None and local.workload.tools:
+        tools = local.workload.tools
+        tool_means = {t.name: _dist_mean(t.latency_s) for t in tools}
+        reply_tokens = float(sum(_dist_mean(t.output_tokens) for t in tools) / len(tools))
     config = ShapeConfig(
         gpu_budget=pool.gpus,
         gpus_per_node=pool.gpus_per_node,
         tensor_parallel_sizes=pool.tensor_parallel_sizes,
     )
-    return AnnealingShapePlanner(perf, config).plan(lengths, baseline).shape
+    return (
+        SimulatedShapePlanner(perf, config)
+        .plan_history(records, baseline, tool_means_s=tool_means, tool_output_tokens=reply_tokens)
+        .shape
+    )
+
+
+def _dist_mean(d: Distribution) -> float:
+    """Mean of a clipped log-normal, approximately (the unclipped mean, clipped)."""
+    return float(min(max(d.median * math.exp(0.5 * d.sigma**2), d.minimum), d.maximum))
 
 
 def build_environment(local: LocalJob) -> Environment:

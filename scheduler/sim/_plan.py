@@ -212,15 +212,16 @@ class SimulatedShapePlanner:
         if not sketch:
             shape = current or PoolShape.of({min(self.allowed): self.config.gpu_budget})
             return ShapePlan(shape, 0.0, 0.0 if current else None, False, 0)
-        longest = max(
-            s.prompt_tokens + s.total_tokens + sum(s.tool_output_tokens) for s in sketch
-        )
+        longest = max(s.prompt_tokens + s.total_tokens + sum(s.tool_output_tokens) for s in sketch)
         replica = self._replica(sketch)
         shapes = self._candidates(replica, longest)
         current_small = _shrink(current, replica.scale) if current is not None else None
-        if current_small is not None and current_small not in shapes:
-            if all(self.perf.kv_capacity_tokens(tp) >= longest for tp in current_small.tps()):
-                shapes.append(current_small)
+        if (
+            current_small is not None
+            and current_small not in shapes
+            and all(self.perf.kv_capacity_tokens(tp) >= longest for tp in current_small.tps())
+        ):
+            shapes.append(current_small)
         self.scores = {}
         for shape in shapes:
             self.scores[str(shape)] = self._score(replica, shape)
