@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from heddle.exceptions import ConfigError, InfeasibleError
 
 from .._cluster import ClusterSpec
+from .._evaluation import history_of
 from .._perf import PerfModel
 from .._policies import get_policy
 from .._shape import AnnealingShapePlanner, ShapeConfig, ShapePlan
@@ -128,6 +129,8 @@ class SimulatedShapePlanner:
         self.min_sample = min_sample
         self.caps = tuple(caps)
         self.proxy = get_policy(proxy)
+        if self.proxy.adaptive_shape:
+            raise ConfigError(f"proxy={proxy!r} plans its own shape; give a fixed-shape policy")
         self.scores: dict[str, float] = {}  # the last plan's candidates (replica shape -> s)
 
     # -- the replica ----------------------------------------------------------
@@ -187,28 +190,51 @@ class SimulatedShapePlanner:
             shapes.append(mixed)
         return shapes
 
-    def _score(self, replica: _Replica, shape: PoolShape) -> float:
+    def _simulate(
+        self,
+        replica: _Replica,
+        shape: PoolShape,
+        policy: str,
+        cap: int | None,
+        history: Sequence[FinishedTrajectory] = (),
+    ) -> float:
         from ._simulator import SimConfig, Simulator  # noqa: PLC0415 - the simulator plans with us
 
-        best = math.inf
-        for cap in self.caps:
-            sim = Simulator(
-                replica.scripts,
-                self._cluster(replica.gpus),
-                self.proxy,
-                tool_means_s={_TOOL: _mean_latency(replica.scripts)},
-                shape=shape,
-                perf=self.perf,
-                config=SimConfig(max_trajectories_per_engine=cap),
-            )
-            best = min(best, sim.run().makespan_s)
-        return best
+        sim = Simulator(
+            replica.scripts,
+            self._cluster(replica.gpus),
+            get_policy(policy),
+            tool_means_s={_TOOL: _mean_latency(replica.scripts)},
+            history=history,
+            shape=shape,
+            perf=self.perf,
+            config=SimConfig(max_trajectories_per_engine=cap),
+        )
+        return sim.run().makespan_s
+
+    def _score(self, replica: _Replica, shape: PoolShape) -> tuple[float, int | None]:
+        """The proxy's best makespan on ``shape`` over the caps, and that cap."""
+        results = [(self._simulate(replica, shape, self.proxy.name, cap), cap) for cap in self.caps]
+        return min(results, key=lambda r: (r[0], r[1] is not None))
 
     # -- the plan -----------------------------------------------------------------
     def plan_workload(
-        self, sketch: Sequence[TrajectoryScript], current: PoolShape | None
+        self,
+        sketch: Sequence[TrajectoryScript],
+        current: PoolShape | None,
+        *,
+        policy: str | None = None,
     ) -> ShapePlan:
-        """The shape to run ``sketch`` on (``current`` when no change beats ``reshape_s``)."""
+        """The shape to run ``sketch`` on (``current`` when no change beats ``reshape_s``).
+
+        With ``policy`` (a trajectory-scheduling policy such as ``heddle``), the
+        replica also runs it on the chosen shape, uncapped as it runs, its
+        predictor seeded with the sketch's trajectories outside the replica; if
+        it finishes later than the proxy's best on that shape, the plan says to
+        run the proxy policy at its best cap instead (``fallback_policy``):
+        where trajectory scheduling is not predicted to help, the pool runs as
+        the best-tuned step-centric configuration would.
+        """
         if not sketch:
             shape = current or PoolShape.of({min(self.allowed): self.config.gpu_budget})
             return ShapePlan(shape, 0.0, 0.0 if current else None, False, 0)
@@ -223,17 +249,33 @@ class SimulatedShapePlanner:
         ):
             shapes.append(current_small)
         self.scores = {}
+        caps: dict[str, int | None] = {}
         for shape in shapes:
-            self.scores[str(shape)] = self._score(replica, shape)
+            self.scores[str(shape)], caps[str(shape)] = self._score(replica, shape)
         best = min(shapes, key=lambda sh: (self.scores[str(sh)], -max(sh.tps())))
         best_cost = self.scores[str(best)]
+        fallback: str | None = None
+        cap: int | None = None
+        if policy is not None and policy != self.proxy.name:
+            used = {s.id for s in replica.scripts}
+            others = [s for s in sketch if s.id not in used]
+            # The others seed the predictor's hyperparameters as an earlier rollout does;
+            # renamed so no replica trajectory sees a sibling's length.
+            seed = [replace(r, group_id=f"seed-{r.group_id}") for r in history_of(others)]
+            own = self._simulate(replica, best, policy, None, seed)
+            self.scores[f"{policy} {best}"] = own
+            if own > best_cost:
+                fallback, cap = self.proxy.name, caps[str(best)]
+            else:
+                best_cost = own
         proposed = _grow(best, replica.scale)
+        extra = {"fallback_policy": fallback, "max_trajectories_per_engine": cap}
         if current is None:
-            return ShapePlan(proposed, best_cost, None, False, len(shapes))
+            return ShapePlan(proposed, best_cost, None, False, len(shapes), **extra)
         current_cost = self.scores.get(str(current_small), math.inf) if current_small else math.inf
         if proposed != current and best_cost + self.config.reshape_s < current_cost:
-            return ShapePlan(proposed, best_cost, current_cost, True, len(shapes))
-        return ShapePlan(current, current_cost, current_cost, False, len(shapes))
+            return ShapePlan(proposed, best_cost, current_cost, True, len(shapes), **extra)
+        return ShapePlan(current, current_cost, current_cost, False, len(shapes), **extra)
 
     def plan_history(
         self,
@@ -242,6 +284,7 @@ class SimulatedShapePlanner:
         *,
         tool_means_s: Mapping[str, float],
         tool_output_tokens: float = 128.0,
+        policy: str | None = None,
     ) -> ShapePlan:
         """:meth:`plan_workload` on the sketch of ``history`` (records or predictions)."""
         means = [v for v in tool_means_s.values() if math.isfinite(v)]
@@ -249,7 +292,7 @@ class SimulatedShapePlanner:
         sketch = workload_sketch(
             history, tool_latency_s=latency, tool_output_tokens=tool_output_tokens
         )
-        return self.plan_workload(sketch, current)
+        return self.plan_workload(sketch, current, policy=policy)
 
 
 def _mean_latency(scripts: Sequence[TrajectoryScript]) -> float:

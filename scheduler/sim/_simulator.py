@@ -6,7 +6,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from heddle.exceptions import ConfigError, HeddleError
 
@@ -16,6 +16,7 @@ from .._perf import EngineInstance, PerfModel
 from .._placement import ClusterView
 from .._policies import (
     SchedulingPolicy,
+    get_policy,
     make_migration,
     make_ordering,
     make_placement,
@@ -112,7 +113,15 @@ class Simulator:
             raise ConfigError(
                 f"shape {shape} uses {shape.gpus} GPUs; the cluster has {cluster.gpus}"
             )
+        self.fallback_policy: str | None = None  # the planner's verdict (see _initial_shape)
         self.shape = shape if shape is not None else self._initial_shape(history)
+        self._replans = self.policy.migration != "none" or self.policy.placement == "presorted-dp"
+        if self.fallback_policy is not None:
+            fallback = get_policy(self.fallback_policy)
+            self.ordering = make_ordering(fallback.ordering)
+            self.placement = make_placement(fallback.placement)
+            self.migration = make_migration(fallback.migration, self.perf)
+            self._replans = fallback.migration != "none" or fallback.placement == "presorted-dp"
         self.reshaped = shape is None and self.shape != cluster.baseline_shape()
         self.engines: dict[str, SimEngine] = {}
         counter = itertools.count()
@@ -155,8 +164,14 @@ class Simulator:
             reshape_s=self.config.initial_reshape_s,
         )
         plan = SimulatedShapePlanner(self.perf, config).plan_history(
-            records, baseline, tool_means_s=self.tool_means_s
+            records, baseline, tool_means_s=self.tool_means_s, policy=self.policy.name
         )
+        if plan.fallback_policy is not None:
+            self.fallback_policy = plan.fallback_policy
+            if self.config.max_trajectories_per_engine is None:
+                self.config = replace(
+                    self.config, max_trajectories_per_engine=plan.max_trajectories_per_engine
+                )
         return plan.shape
 
     def _check_fits(self, inst: EngineInstance) -> None:
@@ -288,7 +303,7 @@ class Simulator:
         self._not_started = sims[len(first) :][::-1]
         for sim in first:
             self._dispatch(sim, start)
-        if self.policy.migration != "none" or self.policy.placement == "presorted-dp":
+        if self._replans:
             self._push(start + self.config.replan_interval_s, _REPLAN, "")
         total, events, now = len(sims), 0, start
         last_reported = -1

@@ -184,3 +184,24 @@ def test_the_simulator_plans_heddle_with_the_simulating_planner(perf: PerfModel)
 def test_a_context_no_tp_holds_is_refused(perf: PerfModel) -> None:
     with pytest.raises(InfeasibleError, match="longest context"):
         simulated(perf).plan_history(records(4, 5_000_000, 10, 1), None, tool_means_s={"t": 0.0})
+
+
+def test_where_trajectory_scheduling_is_not_predicted_to_help_heddle_runs_the_best_static_config(
+    perf: PerfModel,
+) -> None:
+    # Equal lengths, contexts that crowd the KV cache: nothing for LPT to gain, and
+    # progressive priority keeps every trajectory growing in lockstep. The planner
+    # sees it in the replica and falls back to verl at its best cap.
+    history = [
+        replace(r, tool_output_tokens=(200, 200, 200))
+        for r in records(1024, 500, 4000, 4, sigma=0.05)
+    ]
+    planner = simulated(perf, gpus=8, caps=(None, 128))
+    plan = planner.plan_history(history, None, tool_means_s={"t": 0.4}, policy="heddle")
+    assert f"heddle {plan.shape}" in planner.scores
+    own = planner.scores[f"heddle {plan.shape}"]
+    proxy = planner.scores[str(plan.shape)]
+    assert (plan.fallback_policy is not None) == (own > proxy)
+    assert plan.predicted_makespan_s == min(own, proxy)
+    if plan.fallback_policy is not None:
+        assert plan.fallback_policy == "verl"
