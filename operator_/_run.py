@@ -47,6 +47,7 @@ from ._tools import ToolsEnvironment
 
 __all__ = [
     "LocalJob",
+    "PoolPlan",
     "ProgressPrinter",
     "job_workload",
     "perf_model_for",
@@ -145,7 +146,26 @@ def perf_model_for(pool: EnginePoolSpec) -> PerfModel:
     return PerfModel(MODEL_PRESETS[model], HARDWARE_PRESETS["h100-sxm"])
 
 
+@dataclass(frozen=True)
+class PoolPlan:
+    """What the shape planner decided: the shape, and how to schedule on it.
+
+    ``policy`` is the job's policy, or the step-centric policy the planner fell
+    back to where trajectory scheduling was predicted not to help (then with its
+    in-flight cap, ``max_trajectories_in_flight`` over the whole pool).
+    """
+
+    shape: PoolShape
+    policy: str
+    max_trajectories_in_flight: int | None = None
+
+
 def plan_shape(local: LocalJob, perf: PerfModel) -> PoolShape:
+    """The pool's shape (:func:`plan_pool`)."""
+    return plan_pool(local, perf).shape
+
+
+def plan_pool(local: LocalJob, perf: PerfModel) -> PoolPlan:
     """A pinned shape as given; ``auto`` from the predictor's prior over the job's trajectories.
 
     The same planner as the simulator's (:class:`SimulatedShapePlanner`): each
@@ -156,12 +176,12 @@ def plan_shape(local: LocalJob, perf: PerfModel) -> PoolShape:
     """
     pool = local.pool
     if pool.shape is not None:
-        return pool.shape
+        return PoolPlan(pool.shape, local.job.policy)
     smallest = min(pool.tensor_parallel_sizes)
     baseline = PoolShape.of({smallest: pool.gpus // smallest})
     policy = get_policy(local.job.policy)
     if not policy.adaptive_shape or policy.predictor is None:
-        return baseline
+        return PoolPlan(baseline, local.job.policy)
     predictor = make_predictor(policy.predictor)
     from heddle.scheduler import Trajectory  # noqa: PLC0415 - only here
 
@@ -190,10 +210,18 @@ def plan_shape(local: LocalJob, perf: PerfModel) -> PoolShape:
         gpus_per_node=pool.gpus_per_node,
         tensor_parallel_sizes=pool.tensor_parallel_sizes,
     )
-    return (
-        SimulatedShapePlanner(perf, config)
-        .plan_history(records, baseline, tool_means_s=tool_means, tool_output_tokens=reply_tokens)
-        .shape
+    plan = SimulatedShapePlanner(perf, config).plan_history(
+        records,
+        baseline,
+        tool_means_s=tool_means,
+        tool_output_tokens=reply_tokens,
+        policy=policy.name,
+    )
+    if plan.fallback_policy is None:
+        return PoolPlan(plan.shape, local.job.policy)
+    cap = plan.max_trajectories_per_engine
+    return PoolPlan(
+        plan.shape, plan.fallback_policy, cap * plan.shape.num_instances if cap else None
     )
 
 
@@ -245,13 +273,18 @@ class ProgressPrinter:
 
 
 def summary_of(
-    local: LocalJob, shape: PoolShape, result: SessionResult, engine: str
+    local: LocalJob,
+    shape: PoolShape,
+    result: SessionResult,
+    engine: str,
+    scheduling: str | None = None,
 ) -> dict[str, Any]:
     p = result.progress
-    policy = get_policy(local.job.policy)
+    policy = get_policy(scheduling or local.job.policy)
     return {
         "job": local.job.name,
         "policy": local.job.policy,
+        "scheduling": scheduling or local.job.policy,  # the planner's fallback, if it took one
         "pool": {"name": local.pool.name, "shape": str(shape), "engine": engine},
         "output": str(local.output),
         "progress": p.as_dict(),
@@ -291,7 +324,8 @@ async def run_local(
     for error in local.tasks.errors:
         log.warning("skipping a malformed task: %s", error)
     perf = perf_model_for(local.pool)
-    shape = plan_shape(local, perf)
+    plan = plan_pool(local, perf)
+    shape = plan.shape
     # Locked and checked before any worker starts: a second run on this output stops here.
     sink = OutputSink(local.output)
     sink.open()
@@ -308,18 +342,19 @@ async def run_local(
             perf=perf,
             sampling=local.job.sampling,
             max_turns=local.job.max_turns,
-            policy=local.job.policy,
+            policy=plan.policy,
             deadline_s=local.job.deadline_s,
             malformed_tasks=len(local.tasks.errors),
             config=session_config or SessionConfig(replan_interval_s=local.job.replan_interval_s),
             on_progress=on_progress,
             metrics=metrics,
+            max_trajectories_in_flight=plan.max_trajectories_in_flight,
         )
         result = await session.run()
     finally:
         sink.close()  # the session closed it already unless it never ran
         await asyncio.shield(pool.stop())
-    summary = summary_of(local, shape, result, options.engine)
+    summary = summary_of(local, shape, result, options.engine, plan.policy)
     summary_path = local.output.with_name(local.output.name + ".summary.json")
     try:
         summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
