@@ -336,3 +336,31 @@ def test_step_seeds_derive_from_the_jobs_and_stay_valid() -> None:
     top = SAMPLING_LIMITS.seed_max  # the largest seed the manifest accepts
     seeds = {step_seed(top, t, s, turn) for t in range(50) for s in range(4) for turn in range(3)}
     assert len(seeds) == 50 * 4 * 3 and all(0 <= x <= top for x in seeds)
+
+
+def test_in_flight_cap_bounds_started_unfinished_trajectories(
+    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    # The shape planner's fallback runs verl with an in-flight cap; the session keeps it.
+    _, workers = sim_pool
+    tasks, env = _synthetic(4, 4)
+    out = tmp_path / "out.jsonl"
+    session = _session(workers, out, tasks, env, 4, policy="verl", max_trajectories_in_flight=3)
+    inner = session._trajectory
+    live, peak = 0, 0
+
+    async def counted(run: Any) -> None:
+        nonlocal live, peak
+        live += 1
+        peak = max(peak, live)
+        try:
+            await inner(run)
+        finally:
+            live -= 1
+
+    session._trajectory = counted  # type: ignore[method-assign]
+    asyncio.run(session.run())
+    assert_exactly_once(read_records(out), _keys(tasks, 4))
+    assert peak == 3
+    with pytest.raises(HeddleError, match="max_trajectories_in_flight=0"):
+        _session(workers, out, tasks, env, 4, max_trajectories_in_flight=0)
