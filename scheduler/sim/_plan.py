@@ -269,13 +269,13 @@ class SimulatedShapePlanner:
             else:
                 best_cost = own
         proposed = _grow(best, replica.scale)
-        extra = {"fallback_policy": fallback, "max_trajectories_per_engine": cap}
+        n = len(shapes)
         if current is None:
-            return ShapePlan(proposed, best_cost, None, False, len(shapes), **extra)
+            return ShapePlan(proposed, best_cost, None, False, n, fallback, cap)
         current_cost = self.scores.get(str(current_small), math.inf) if current_small else math.inf
         if proposed != current and best_cost + self.config.reshape_s < current_cost:
-            return ShapePlan(proposed, best_cost, current_cost, True, len(shapes), **extra)
-        return ShapePlan(current, current_cost, current_cost, False, len(shapes), **extra)
+            return ShapePlan(proposed, best_cost, current_cost, True, n, fallback, cap)
+        return ShapePlan(current, current_cost, current_cost, False, n, fallback, cap)
 
     def plan_history(
         self,

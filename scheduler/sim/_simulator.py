@@ -113,8 +113,12 @@ class Simulator:
             raise ConfigError(
                 f"shape {shape} uses {shape.gpus} GPUs; the cluster has {cluster.gpus}"
             )
-        self.fallback_policy: str | None = None  # the planner's verdict (see _initial_shape)
-        self.shape = shape if shape is not None else self._initial_shape(history)
+        # The planner's verdict: a step-centric policy to run instead (see _initial_shape).
+        self.fallback_policy: str | None = None
+        if shape is not None:
+            self.shape = shape
+        else:
+            self.shape, self.fallback_policy = self._initial_shape(history)
         self._replans = self.policy.migration != "none" or self.policy.placement == "presorted-dp"
         if self.fallback_policy is not None:
             fallback = get_policy(self.fallback_policy)
@@ -140,10 +144,11 @@ class Simulator:
         self.trace: list[tuple[float, str, str]] = []  # (time, event, engine or trajectory)
 
     # -- set-up ------------------------------------------------------------------
-    def _initial_shape(self, history: Sequence[FinishedTrajectory]) -> PoolShape:
+    def _initial_shape(self, history: Sequence[FinishedTrajectory]) -> tuple[PoolShape, str | None]:
+        """The planned shape, and the step-centric policy to run instead (or None)."""
         baseline = self.cluster.baseline_shape()
         if not self.policy.adaptive_shape:
-            return baseline
+            return baseline, None
         records = list(history)
         if not records:  # no earlier rollout: plan for the predictor's prior
             for sim in self.sims.values():
@@ -166,13 +171,11 @@ class Simulator:
         plan = SimulatedShapePlanner(self.perf, config).plan_history(
             records, baseline, tool_means_s=self.tool_means_s, policy=self.policy.name
         )
-        if plan.fallback_policy is not None:
-            self.fallback_policy = plan.fallback_policy
-            if self.config.max_trajectories_per_engine is None:
-                self.config = replace(
-                    self.config, max_trajectories_per_engine=plan.max_trajectories_per_engine
-                )
-        return plan.shape
+        if plan.fallback_policy is not None and self.config.max_trajectories_per_engine is None:
+            self.config = replace(
+                self.config, max_trajectories_per_engine=plan.max_trajectories_per_engine
+            )
+        return plan.shape, plan.fallback_policy
 
     def _check_fits(self, inst: EngineInstance) -> None:
         """Every trajectory's whole context must fit an engine's KV cache on its own."""
