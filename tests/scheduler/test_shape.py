@@ -198,10 +198,15 @@ def test_where_trajectory_scheduling_is_not_predicted_to_help_heddle_runs_the_be
     ]
     planner = simulated(perf, gpus=8, caps=(None, 128))
     plan = planner.plan_history(history, None, tool_means_s={"t": 0.4}, policy="heddle")
-    assert f"heddle {plan.shape}" in planner.scores
     own = planner.scores[f"heddle {plan.shape}"]
-    proxy = planner.scores[str(plan.shape)]
-    assert (plan.fallback_policy is not None) == (own > proxy)
-    assert plan.predicted_makespan_s == min(own, proxy)
-    if plan.fallback_policy is not None:
-        assert plan.fallback_policy == "verl"
+    (static,) = [v for k, v in planner.scores.items() if k.startswith("static ")]
+    assert static <= planner.scores[str(plan.shape)]  # no worse than the proxy at its best cap
+    # Heddle keeps its own scheduling only when the replica shows a clear (5%) win.
+    assert (plan.fallback_policy is not None) == (own > 0.95 * static)
+    assert plan.predicted_makespan_s == (static if plan.fallback_policy else own)
+    assert plan.fallback_policy in (None, "verl", "slime")
+    keep = simulated(perf, gpus=8, caps=(None, 128), margin=0.0, fallbacks=("verl",))
+    again = keep.plan_history(history, None, tool_means_s={"t": 0.4}, policy="heddle")
+    assert (again.fallback_policy is None) == (
+        keep.scores[f"heddle {again.shape}"] <= keep.scores[str(again.shape)]
+    )
