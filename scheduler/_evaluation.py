@@ -51,6 +51,7 @@ def history_of(scripts: Iterable[TrajectoryScript]) -> list[FinishedTrajectory]:
             s.turns,
             s.turn_tokens,
             s.tool_output_tokens,
+            s.tool_latency_s,
         )
         for s in scripts
     ]

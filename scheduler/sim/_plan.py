@@ -56,9 +56,11 @@ def workload_sketch(
     """Trajectory scripts the planner can simulate, from finished (or predicted) records.
 
     Turn lengths are the record's when known, else its total split evenly over
-    its turns; a tool call follows every turn but the last, taking
-    ``tool_latency_s`` (the tools' mean) and returning the record's tool reply
-    lengths when known, else ``tool_output_tokens``.
+    its turns; a tool call follows every turn but the last, taking the
+    record's observed tool latencies when known (their spread matters: the
+    migration planner times moves by the mean), else ``tool_latency_s`` (the
+    tools' mean), and returning the record's tool reply lengths when known,
+    else ``tool_output_tokens``.
     """
     if tool_latency_s < 0 or not math.isfinite(tool_latency_s):
         raise ConfigError(f"tool_latency_s={tool_latency_s} must be a finite number >= 0")
@@ -75,6 +77,10 @@ def workload_sketch(
             outputs = tuple(int(x) for x in r.tool_output_tokens)
         else:
             outputs = (max(0, round(tool_output_tokens)),) * (turns - 1)
+        if len(r.tool_latency_s) == turns - 1:
+            latencies = tuple(float(x) for x in r.tool_latency_s)
+        else:
+            latencies = (float(tool_latency_s),) * (turns - 1)
         scripts.append(
             TrajectoryScript(
                 id=f"plan{i}",
@@ -83,7 +89,7 @@ def workload_sketch(
                 prompt_tokens=max(0, int(r.prompt_tokens)),
                 turn_tokens=turn_tokens,
                 tool_names=(_TOOL,) * (turns - 1),
-                tool_latency_s=(float(tool_latency_s),) * (turns - 1),
+                tool_latency_s=latencies,
                 tool_output_tokens=outputs,
             )
         )
