@@ -31,7 +31,7 @@ from ._output import OutputSink
 from ._paths import confine
 from ._pools import PoolRuntime
 from ._progress import Progress, SessionMetrics
-from ._run import LocalJob, build_environment, job_workload, perf_model_for, plan_shape
+from ._run import LocalJob, build_environment, job_workload, perf_model_for, plan_pool
 from ._session import RolloutSession, SessionConfig
 from ._tasks import TaskSet, read_tasks
 
@@ -296,8 +296,11 @@ async def _run_session(
     perf = perf_model_for(pool)
     key = (job.namespace, job.engine_pool)
     runtime = ctx.pools.setdefault(key, PoolRuntime())
+    policy, in_flight = job.policy, None
     if pool.shape is None:
-        runtime.planned = plan_shape(local, perf)
+        plan = await asyncio.to_thread(plan_pool, local, perf)  # mini-simulations
+        runtime.planned = plan.shape
+        policy, in_flight = plan.policy, plan.max_trajectories_in_flight
     workers = _ready_workers(pool_body)
     session = RolloutSession(
         job=job.name,
@@ -309,13 +312,14 @@ async def _run_session(
         perf=perf,
         sampling=job.sampling,
         max_turns=job.max_turns,
-        policy=job.policy,
+        policy=policy,
         deadline_s=job.deadline_s,
         malformed_tasks=len(local.tasks.errors),
         config=ctx.session_config,
         metrics=ctx.metrics,
         weights=job.weights,
         weight_versions=runtime.weight_versions,
+        max_trajectories_in_flight=in_flight,
     )
     ctx.sessions[key] = session
     started = now_iso()

@@ -24,7 +24,16 @@ from ._yaml import read_text, safe_load_all
 
 __all__ = ["WORKLOAD_PRESETS", "load_bench_workload", "load_cluster", "load_workload"]
 
-WORKLOAD_PRESETS = ("coding", "search", "math", "flat", "pareto", "bimodal", "quickstart")
+WORKLOAD_PRESETS = (
+    "coding",
+    "search",
+    "math",
+    "flat",
+    "pareto",
+    "bimodal",
+    "swe",
+    "quickstart",
+)
 CLUSTER_PRESETS = {"64xh100": "cluster-64xh100.yaml"}
 
 

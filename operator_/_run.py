@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -23,7 +24,8 @@ from heddle.exceptions import ManifestError, OutputError
 from heddle.scheduler import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,
-    AnnealingShapePlanner,
+    Distribution,
+    FinishedTrajectory,
     PerfModel,
     PoolShape,
     ShapeConfig,
@@ -31,6 +33,7 @@ from heddle.scheduler import (
     get_policy,
     make_predictor,
 )
+from heddle.scheduler.sim import SimulatedShapePlanner
 
 from ._environments import Environment, SyntheticEnvironment, synthetic_tasks
 from ._hosts import HostAllowList, check_tool_hosts
@@ -46,6 +49,7 @@ from ._tools import ToolsEnvironment
 
 __all__ = [
     "LocalJob",
+    "PoolPlan",
     "ProgressPrinter",
     "job_workload",
     "perf_model_for",
@@ -146,31 +150,88 @@ def perf_model_for(pool: EnginePoolSpec) -> PerfModel:
     return PerfModel(MODEL_PRESETS[model], HARDWARE_PRESETS["h100-sxm"])
 
 
+@dataclass(frozen=True)
+class PoolPlan:
+    """What the shape planner decided: the shape, and how to schedule on it.
+
+    ``policy`` is the job's policy, or the step-centric policy the planner fell
+    back to where trajectory scheduling was predicted not to help (then with its
+    in-flight cap, ``max_trajectories_in_flight`` over the whole pool).
+    """
+
+    shape: PoolShape
+    policy: str
+    max_trajectories_in_flight: int | None = None
+
+
 def plan_shape(local: LocalJob, perf: PerfModel) -> PoolShape:
-    """A pinned shape as given; otherwise planned from the predictor's prior (no history)."""
+    """The pool's shape (:func:`plan_pool`)."""
+    return plan_pool(local, perf).shape
+
+
+def plan_pool(local: LocalJob, perf: PerfModel) -> PoolPlan:
+    """A pinned shape as given; otherwise planned from the predictor's prior (no history).
+
+    The same planner as the simulator's (:class:`SimulatedShapePlanner`): each
+    candidate shape is scored by a scaled-down simulation of the predicted
+    trajectories (their lengths and turns from the predictor's prior; tool
+    latency and reply length from the synthetic workload when there is one),
+    so the KV cache, recompute, the batch cap and tool time count.
+    """
     pool = local.pool
     if pool.shape is not None:
-        return pool.shape
+        return PoolPlan(pool.shape, local.job.policy)
     smallest = min(pool.tensor_parallel_sizes)
     baseline = PoolShape.of({smallest: pool.gpus // smallest})
     policy = get_policy(local.job.policy)
     if not policy.adaptive_shape or policy.predictor is None:
-        return baseline
+        return PoolPlan(baseline, local.job.policy)
     predictor = make_predictor(policy.predictor)
     from heddle.scheduler import Trajectory  # noqa: PLC0415 - only here
 
-    lengths = []
+    records = []
     for i, task in enumerate(local.tasks.tasks):
         prompt = max(1, sum(len(m["content"]) // 4 for m in task.messages))
         for s in range(local.job.samples_per_task):
             t = Trajectory(f"t{i}-{s}", f"t{i}", prompt)
-            lengths.append(predictor.update(t).remaining_tokens)
+            prediction = predictor.update(t)
+            records.append(
+                FinishedTrajectory(
+                    f"t{i}",
+                    prompt,
+                    max(1, round(prediction.remaining_tokens)),
+                    max(1, round(prediction.remaining_turns)),
+                )
+            )
+    tool_means: dict[str, float] = {}
+    reply_tokens = 128.0
+    if local.workload is not None and local.workload.tools:
+        tools = local.workload.tools
+        tool_means = {t.name: _dist_mean(t.latency_s) for t in tools}
+        reply_tokens = float(sum(_dist_mean(t.output_tokens) for t in tools) / len(tools))
     config = ShapeConfig(
         gpu_budget=pool.gpus,
         gpus_per_node=pool.gpus_per_node,
         tensor_parallel_sizes=pool.tensor_parallel_sizes,
     )
-    return AnnealingShapePlanner(perf, config).plan(lengths, baseline).shape
+    plan = SimulatedShapePlanner(perf, config).plan_history(
+        records,
+        baseline,
+        tool_means_s=tool_means,
+        tool_output_tokens=reply_tokens,
+        policy=policy.name,
+    )
+    if plan.fallback_policy is None:
+        return PoolPlan(plan.shape, local.job.policy)
+    cap = plan.max_trajectories_per_engine
+    return PoolPlan(
+        plan.shape, plan.fallback_policy, cap * plan.shape.num_instances if cap else None
+    )
+
+
+def _dist_mean(d: Distribution) -> float:
+    """Mean of a clipped log-normal, approximately (the unclipped mean, clipped)."""
+    return float(min(max(d.median * math.exp(0.5 * d.sigma**2), d.minimum), d.maximum))
 
 
 def build_environment(local: LocalJob) -> Environment:
@@ -222,13 +283,18 @@ class ProgressPrinter:
 
 
 def summary_of(
-    local: LocalJob, shape: PoolShape, result: SessionResult, engine: str
+    local: LocalJob,
+    shape: PoolShape,
+    result: SessionResult,
+    engine: str,
+    scheduling: str | None = None,
 ) -> dict[str, Any]:
     p = result.progress
-    policy = get_policy(local.job.policy)
+    policy = get_policy(scheduling or local.job.policy)
     return {
         "job": local.job.name,
         "policy": local.job.policy,
+        "scheduling": scheduling or local.job.policy,  # the planner's fallback, if it took one
         "pool": {"name": local.pool.name, "shape": str(shape), "engine": engine},
         "output": str(local.output),
         "progress": p.as_dict(),
@@ -268,7 +334,8 @@ async def run_local(
     for error in local.tasks.errors:
         log.warning("skipping a malformed task: %s", error)
     perf = perf_model_for(local.pool)
-    shape = plan_shape(local, perf)
+    plan = plan_pool(local, perf)
+    shape = plan.shape
     # Locked and checked before any worker starts: a second run on this output stops here.
     sink = OutputSink(local.output)
     sink.open()
@@ -285,19 +352,20 @@ async def run_local(
             perf=perf,
             sampling=local.job.sampling,
             max_turns=local.job.max_turns,
-            policy=local.job.policy,
+            policy=plan.policy,
             deadline_s=local.job.deadline_s,
             malformed_tasks=len(local.tasks.errors),
             config=session_config or SessionConfig(replan_interval_s=local.job.replan_interval_s),
             on_progress=on_progress,
             metrics=metrics,
             weights=local.job.weights,
+            max_trajectories_in_flight=plan.max_trajectories_in_flight,
         )
         result = await session.run()
     finally:
         sink.close()  # the session closed it already unless it never ran
         await asyncio.shield(pool.stop())
-    summary = summary_of(local, shape, result, options.engine)
+    summary = summary_of(local, shape, result, options.engine, plan.policy)
     summary_path = local.output.with_name(local.output.name + ".summary.json")
     try:
         summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

@@ -116,6 +116,7 @@ class RolloutSession:
         on_progress: Callable[[Progress], None] | None = None,
         weights: WeightsSpec | None = None,
         weight_versions: dict[str, str] | None = None,
+        max_trajectories_in_flight: int | None = None,
     ) -> None:
         if not workers:
             raise HeddleError("a rollout session needs at least one worker")
@@ -133,6 +134,15 @@ class RolloutSession:
         self.config = config or SessionConfig()
         self.metrics = metrics or SessionMetrics()
         self.on_progress = on_progress
+        # At most this many trajectories started and unfinished (the rest start in task
+        # order as others finish): the in-flight cap the shape planner may ask for.
+        if max_trajectories_in_flight is not None and max_trajectories_in_flight < 1:
+            raise HeddleError(
+                f"max_trajectories_in_flight={max_trajectories_in_flight} must be >= 1"
+            )
+        self._slots = (
+            asyncio.Semaphore(max_trajectories_in_flight) if max_trajectories_in_flight else None
+        )
         self.ordering = make_ordering(self.policy.ordering)
         self.placement = make_placement(self.policy.placement)
         self.migration = make_migration(self.policy.migration, perf)
@@ -261,9 +271,7 @@ class RolloutSession:
         self._connected = True
         for endpoint in self._endpoints.values():
             self._connect(endpoint)
-        tasks = [
-            asyncio.create_task(self._trajectory(r), name=r.traj.id) for r in self.runs.values()
-        ]
+        tasks = [asyncio.create_task(self._in_slot(r), name=r.traj.id) for r in self.runs.values()]
         helpers = [
             asyncio.create_task(self._health_loop(), name="health"),
             asyncio.create_task(self._progress_loop(), name="progress"),
@@ -367,6 +375,13 @@ class RolloutSession:
                 self._write(run)
 
     # -- one trajectory ------------------------------------------------------------------
+    async def _in_slot(self, run: TrajectoryRun) -> None:
+        """:meth:`_trajectory` within the in-flight cap (tasks queue for a slot in task order)."""
+        if self._slots is None:
+            return await self._trajectory(run)
+        async with self._slots:
+            return await self._trajectory(run)
+
     async def _trajectory(self, run: TrajectoryRun) -> None:
         await self.weights.ready.wait()
         run.started_at = time.time()

@@ -44,7 +44,15 @@ class PredictorQuality:
 def history_of(scripts: Iterable[TrajectoryScript]) -> list[FinishedTrajectory]:
     """Finished records of a (previous) rollout, to seed a predictor."""
     return [
-        FinishedTrajectory(s.group_id, s.prompt_tokens, s.total_tokens, s.turns, s.turn_tokens)
+        FinishedTrajectory(
+            s.group_id,
+            s.prompt_tokens,
+            s.total_tokens,
+            s.turns,
+            s.turn_tokens,
+            s.tool_output_tokens,
+            s.tool_latency_s,
+        )
         for s in scripts
     ]
 

@@ -73,6 +73,11 @@ class ShapePlan:
     current_makespan_s: float | None  # the current shape's, when there is one
     reshape: bool  # True when the plan differs from the current shape
     evaluations: int
+    # The simulating planner's verdict on scheduling (docs/scheduler.md): None to run the
+    # policy asked for; else the step-centric policy to run instead, because trajectory
+    # scheduling was predicted not to beat it on this shape, and its in-flight cap.
+    fallback_policy: str | None = None
+    max_trajectories_per_engine: int | None = None
 
 
 class ShapePlanner(ABC):

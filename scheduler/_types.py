@@ -81,6 +81,8 @@ class FinishedTrajectory:
     total_tokens: int  # output tokens over all turns
     turns: int
     turn_tokens: tuple[int, ...] = ()  # per step, when known: teaches the rate model
+    tool_output_tokens: tuple[int, ...] = ()  # each tool reply's tokens, when known (KV size)
+    tool_latency_s: tuple[float, ...] = ()  # each tool call's duration, when known
 
 
 def check_tp_sizes(sizes: Iterable[int], gpus_per_node: int) -> tuple[int, ...]:

@@ -9,6 +9,7 @@ thousands of trajectories simulates in seconds. See docs/simulator.md.
 
 from ._bound import LowerBound, lower_bound
 from ._entities import SimEngine, SimTrajectory
+from ._plan import SimulatedShapePlanner, workload_sketch
 from ._results import SimResult
 from ._simulator import SimConfig, Simulator
 
@@ -18,6 +19,8 @@ __all__ = [
     "SimEngine",
     "SimResult",
     "SimTrajectory",
+    "SimulatedShapePlanner",
     "Simulator",
     "lower_bound",
+    "workload_sketch",
 ]

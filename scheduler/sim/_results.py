@@ -22,6 +22,9 @@ class SimResult:
 
     policy: str
     shape: str
+    # What ran: the policy's own scheduling, or the shape planner's step-centric fallback
+    # (e.g. "verl cap128") where trajectory scheduling was predicted not to help.
+    scheduling: str
     makespan_s: float
     tokens: int
     tokens_per_s: float
@@ -41,6 +44,13 @@ class SimResult:
 
     def as_dict(self) -> dict[str, Any]:
         return dict(vars(self))
+
+
+def _scheduling(sim: Simulator) -> str:
+    if sim.fallback_policy is None:
+        return sim.policy.name
+    cap = sim.config.max_trajectories_per_engine
+    return sim.fallback_policy + (f" cap{cap}" if cap else "")
 
 
 def _utilisation(sim: Simulator, makespan: float, bins: int = 100) -> list[tuple[float, float]]:
@@ -91,6 +101,7 @@ def summarise(sim: Simulator, events: int) -> SimResult:
     return SimResult(
         policy=sim.policy.name,
         shape=str(sim.shape),
+        scheduling=_scheduling(sim),
         makespan_s=makespan,
         tokens=tokens,
         tokens_per_s=tokens / makespan if makespan > 0 else math.inf,

@@ -6,26 +6,28 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from heddle.exceptions import ConfigError, HeddleError
 
 from .._cluster import ClusterSpec
 from .._migration import Move
-from .._perf import EngineInstance
+from .._perf import EngineInstance, PerfModel
 from .._placement import ClusterView
 from .._policies import (
     SchedulingPolicy,
+    get_policy,
     make_migration,
     make_ordering,
     make_placement,
     make_predictor,
 )
 from .._predictor import LengthPredictor, OraclePredictor
-from .._shape import AnnealingShapePlanner, ShapeConfig
+from .._shape import ShapeConfig
 from .._types import FinishedTrajectory, PoolShape, Trajectory, TrajectoryState
 from .._workload import TrajectoryScript
 from ._entities import SimEngine, SimTrajectory
+from ._plan import SimulatedShapePlanner
 from ._results import SimResult, summarise
 
 __all__ = ["SimConfig", "Simulator"]
@@ -68,7 +70,9 @@ class Simulator:
     scheduler knows about a running tool call (the script holds the truth).
     ``shape`` pins the pool's TP mix (a benchmark's homogeneous TP sweep);
     otherwise adaptive policies plan it and the others run the cluster's
-    baseline shape.
+    baseline shape. ``perf`` replaces the cluster's performance model (the
+    shape planner's mini-simulations, which cost a pool described by a
+    :class:`PerfModel` rather than by presets).
     """
 
     def __init__(
@@ -82,13 +86,14 @@ class Simulator:
         config: SimConfig | None = None,
         predictor: LengthPredictor | None = None,
         shape: PoolShape | None = None,
+        perf: PerfModel | None = None,
     ) -> None:
         if not scripts:
             raise ConfigError("the workload has no trajectories to simulate")
         self.config = config or SimConfig()
         self.cluster = cluster
         self.policy = policy
-        self.perf = cluster.perf_model()
+        self.perf = perf if perf is not None else cluster.perf_model()
         self.ordering = make_ordering(policy.ordering)
         self.placement = make_placement(policy.placement)
         self.migration = make_migration(policy.migration, self.perf)
@@ -108,7 +113,19 @@ class Simulator:
             raise ConfigError(
                 f"shape {shape} uses {shape.gpus} GPUs; the cluster has {cluster.gpus}"
             )
-        self.shape = shape if shape is not None else self._initial_shape(history)
+        # The planner's verdict: a step-centric policy to run instead (see _initial_shape).
+        self.fallback_policy: str | None = None
+        if shape is not None:
+            self.shape = shape
+        else:
+            self.shape, self.fallback_policy = self._initial_shape(history)
+        self._replans = self.policy.migration != "none" or self.policy.placement == "presorted-dp"
+        if self.fallback_policy is not None:
+            fallback = get_policy(self.fallback_policy)
+            self.ordering = make_ordering(fallback.ordering)
+            self.placement = make_placement(fallback.placement)
+            self.migration = make_migration(fallback.migration, self.perf)
+            self._replans = fallback.migration != "none" or fallback.placement == "presorted-dp"
         self.reshaped = shape is None and self.shape != cluster.baseline_shape()
         self.engines: dict[str, SimEngine] = {}
         counter = itertools.count()
@@ -127,23 +144,38 @@ class Simulator:
         self.trace: list[tuple[float, str, str]] = []  # (time, event, engine or trajectory)
 
     # -- set-up ------------------------------------------------------------------
-    def _initial_shape(self, history: Sequence[FinishedTrajectory]) -> PoolShape:
+    def _initial_shape(self, history: Sequence[FinishedTrajectory]) -> tuple[PoolShape, str | None]:
+        """The planned shape, and the step-centric policy to run instead (or None)."""
         baseline = self.cluster.baseline_shape()
         if not self.policy.adaptive_shape:
-            return baseline
-        lengths = [float(r.total_tokens) for r in history]
-        if not lengths:  # no earlier rollout: plan for the predictor's prior
+            return baseline, None
+        records = list(history)
+        if not records:  # no earlier rollout: plan for the predictor's prior
             for sim in self.sims.values():
                 self._predict(sim)
-            lengths = [s.traj.predicted_remaining_tokens for s in self.sims.values()]
+            records = [
+                FinishedTrajectory(
+                    s.traj.group_id,
+                    s.traj.prompt_tokens,
+                    max(1, round(s.traj.predicted_remaining_tokens)),
+                    max(1, round(s.traj.predicted_remaining_turns)),
+                )
+                for s in self.sims.values()
+            ]
         config = ShapeConfig(
             gpu_budget=self.cluster.gpus,
             gpus_per_node=self.cluster.gpus_per_node,
             tensor_parallel_sizes=self.cluster.tensor_parallel_sizes,
             reshape_s=self.config.initial_reshape_s,
         )
-        plan = AnnealingShapePlanner(self.perf, config).plan(lengths, baseline)
-        return plan.shape
+        plan = SimulatedShapePlanner(self.perf, config).plan_history(
+            records, baseline, tool_means_s=self.tool_means_s, policy=self.policy.name
+        )
+        if plan.fallback_policy is not None and self.config.max_trajectories_per_engine is None:
+            self.config = replace(
+                self.config, max_trajectories_per_engine=plan.max_trajectories_per_engine
+            )
+        return plan.shape, plan.fallback_policy
 
     def _check_fits(self, inst: EngineInstance) -> None:
         """Every trajectory's whole context must fit an engine's KV cache on its own."""
@@ -274,7 +306,7 @@ class Simulator:
         self._not_started = sims[len(first) :][::-1]
         for sim in first:
             self._dispatch(sim, start)
-        if self.policy.migration != "none" or self.policy.placement == "presorted-dp":
+        if self._replans:
             self._push(start + self.config.replan_interval_s, _REPLAN, "")
         total, events, now = len(sims), 0, start
         last_reported = -1

@@ -365,3 +365,31 @@ def test_a_worker_joining_while_the_session_shuts_down_is_not_connected(
     result = asyncio.run(session.run())
     assert result.progress.done == 4
     assert session._pools == {}  # every connection closed, none opened for the late worker
+
+
+def test_in_flight_cap_bounds_started_unfinished_trajectories(
+    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    # The shape planner's fallback runs verl with an in-flight cap; the session keeps it.
+    _, workers = sim_pool
+    tasks, env = _synthetic(4, 4)
+    out = tmp_path / "out.jsonl"
+    session = _session(workers, out, tasks, env, 4, policy="verl", max_trajectories_in_flight=3)
+    inner = session._trajectory
+    live, peak = 0, 0
+
+    async def counted(run: Any) -> None:
+        nonlocal live, peak
+        live += 1
+        peak = max(peak, live)
+        try:
+            await inner(run)
+        finally:
+            live -= 1
+
+    session._trajectory = counted  # type: ignore[method-assign]
+    asyncio.run(session.run())
+    assert_exactly_once(read_records(out), _keys(tasks, 4))
+    assert peak == 3
+    with pytest.raises(HeddleError, match="max_trajectories_in_flight=0"):
+        _session(workers, out, tasks, env, 4, max_trajectories_in_flight=0)

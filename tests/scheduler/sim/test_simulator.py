@@ -117,6 +117,7 @@ def test_events_are_handled_in_time_order_and_in_agent_loop_order(
         "heddle",
         history=history_of(generate(workload, 17)),
         config=SimConfig(trace=True),
+        shape=cluster.baseline_shape(),  # pinned: Heddle's own scheduling (no planner fallback)
     )
     sim.run()
     times = [t for t, _, _ in sim.trace]
