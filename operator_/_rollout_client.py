@@ -46,9 +46,11 @@ def _docs(source: Source, spec: Mapping[str, Any] | None) -> list[Manifest]:
     out: list[Manifest] = []
     for doc in docs:  # spec keys replace the RolloutJob's: one RL step's weights, output, ...
         if doc.get("kind") == "RolloutJob":
-            doc = copy.deepcopy(dict(doc))
-            doc["spec"] = {**(doc.get("spec") or {}), **spec}
-        out.append(doc)
+            changed = copy.deepcopy(dict(doc))
+            changed["spec"] = {**(changed.get("spec") or {}), **spec}
+            out.append(changed)
+        else:
+            out.append(doc)
     return out
 
 

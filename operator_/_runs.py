@@ -104,9 +104,7 @@ class SubprocessRun:
         self.written = 0  # set by the caller's tail: the child reports nothing else
 
     @classmethod
-    async def start(
-        cls, args: list[str], total: int, output: Path, log: Path
-    ) -> SubprocessRun:
+    async def start(cls, args: list[str], total: int, output: Path, log: Path) -> SubprocessRun:
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("wb") as sink:  # the child holds its own descriptor
             process = await asyncio.create_subprocess_exec(

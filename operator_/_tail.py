@@ -50,7 +50,9 @@ class RecordTail:
         except FileNotFoundError:
             return []
         except OSError as exc:
-            raise OutputError(f"cannot read the rollout output {self.path}: {exc.strerror}") from exc
+            raise OutputError(
+                f"cannot read the rollout output {self.path}: {exc.strerror}"
+            ) from exc
         try:
             if os.fstat(fd).st_size < self._offset:
                 self._offset, self._line = 0, 0  # a new file: start over, skip what was yielded
@@ -78,7 +80,9 @@ class RecordTail:
             record = json.loads(line)
         except ValueError as exc:
             reason = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
-            raise OutputError(f"{where} is not JSON ({reason}); give a Heddle output file") from None
+            raise OutputError(
+                f"{where} is not JSON ({reason}); give a Heddle output file"
+            ) from None
         check_record(record, where)
         assert isinstance(record, dict)  # check_record refuses anything else
         return record

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ from heddle.exceptions import CheckpointError, ConfigError
 
 from .conftest import assert_exactly_once, read_records
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+pytestmark = [pytest.mark.slow]
 
 QUICK = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 KEYS = {(f"p{i:05d}", s) for i in range(16) for s in range(4)}
@@ -42,6 +44,7 @@ def _job(output: Path, **spec: Any) -> dict[str, Any]:
     }
 
 
+@pytest.mark.anyio
 async def test_groups_stream_while_the_job_runs_each_record_once(tmp_path: Path) -> None:
     out = tmp_path / "out" / "rollout.jsonl"
     rollout = await Rollout.submit_local(
@@ -63,10 +66,12 @@ async def test_groups_stream_while_the_job_runs_each_record_once(tmp_path: Path)
     assert dones == sorted(dones) and dones[0] < 64, dones
     summary = await rollout.wait()
     assert summary["progress"]["done"] == 64
-    assert await rollout.progress() == RolloutProgress("Succeeded", 64, 64, 0, summary["progress"]["tokens"])
+    tokens = summary["progress"]["tokens"]
+    assert await rollout.progress() == RolloutProgress("Succeeded", 64, 64, 0, tokens)
     assert_exactly_once(read_records(out), KEYS)  # what was streamed is what the file holds
 
 
+@pytest.mark.anyio
 async def test_a_heddle_run_child_streams_records_and_its_summary(tmp_path: Path) -> None:
     job = tmp_path / "job.yaml"
     out = tmp_path / "out" / "rollout.jsonl"
@@ -81,6 +86,7 @@ async def test_a_heddle_run_child_streams_records_and_its_summary(tmp_path: Path
     assert (await rollout.wait())["progress"]["done"] == 32
 
 
+@pytest.mark.anyio
 async def test_bad_input_is_one_sentence_before_any_worker_starts(tmp_path: Path) -> None:
     out = tmp_path / "rollout.jsonl"
     with pytest.raises(ConfigError, match=r"^engine 'gpu' is not one of vllm, sim$"):
@@ -96,6 +102,7 @@ async def test_bad_input_is_one_sentence_before_any_worker_starts(tmp_path: Path
     assert not out.exists()
 
 
+@pytest.mark.anyio
 async def test_a_checkpoint_that_does_not_load_fails_the_stream_in_one_sentence(
     tmp_path: Path,
 ) -> None:
@@ -111,3 +118,22 @@ async def test_a_checkpoint_that_does_not_load_fails_the_stream_in_one_sentence(
             pass
     assert "\n" not in str(info.value)
     assert (await rollout.progress()).phase == "Failed"
+
+
+def test_the_training_loop_example_runs_two_steps_on_two_weight_versions(tmp_path: Path) -> None:
+    example = QUICK.parent / "training-loop" / "train.py"
+    args = ["--engine", "sim", "--out", str(tmp_path), "--time-scale", "0.2"]
+    done = subprocess.run(
+        [sys.executable, str(example), *args], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("step 1: 32 trajectories with weights version 1; ")
+    assert lines[1].startswith("step 2: 32 trajectories with weights version 2; ")
+    assert lines[2:] == [
+        f"{tmp_path / 'step-1.jsonl'}: weight versions ['1']",
+        f"{tmp_path / 'step-2.jsonl'}: weight versions ['2']",
+    ]
+    for step in (1, 2):
+        records = read_records(tmp_path / f"step-{step}.jsonl")
+        assert {r["weight_version"] for r in records} == {str(step)}

@@ -49,9 +49,11 @@ async def test_a_cluster_job_that_fails_raises_its_failed_condition(tmp_path: Pa
     missing = tmp_path / "nope"
     async with cluster(tmp_path) as c:
         await c.apply(pool("p", 1, [{"tp": 1, "replicas": 1}]))
-        manifest = job("j", "p", tmp_path / "out.jsonl", weights={"path": str(missing), "version": 2})
+        weights = {"path": str(missing), "version": 2}
+        manifest = job("j", "p", tmp_path / "out.jsonl", weights=weights)
         rollout = await Rollout.submit_cluster(manifest, access=ClusterAccess(c.url))
-        with pytest.raises(RolloutFailedError, match=f"^RolloutJob default/j failed: .*checkpoint {missing} does not exist"):
+        cause = f"^RolloutJob default/j failed: .*checkpoint {missing} does not exist"
+        with pytest.raises(RolloutFailedError, match=cause):
             await rollout.wait()
-        with pytest.raises(ConfigError, match="metadata.name and spec.output.path"):
+        with pytest.raises(ConfigError, match=r"metadata\.name and spec\.output\.path"):
             await Rollout.submit_cluster({"spec": {}}, access=ClusterAccess(c.url))
