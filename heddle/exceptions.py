@@ -14,6 +14,7 @@ __all__ = [
     "InfeasibleError",
     "ManifestError",
     "OutputError",
+    "RolloutFailedError",
     "StepFailedError",
     "TaskError",
     "ToolError",
@@ -99,3 +100,11 @@ class CheckpointError(HeddleError):
 
 class ToolError(HeddleError):
     """A tool call failed after its retries (timeout, connection, status, or a garbled reply)."""
+
+
+class RolloutFailedError(HeddleError):
+    """A rollout a trainer submitted (heddle.client) failed as a whole.
+
+    The message names the job and the cause: the RolloutJob's ``Failed``
+    condition on a cluster, the last line of ``heddle run``'s log locally.
+    """

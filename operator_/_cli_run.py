@@ -10,13 +10,17 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from heddle.exceptions import ConfigError
 
 from ._paths import DATA_ROOT
 
-__all__ = ["add_run_parser"]
+if TYPE_CHECKING:
+    from ._local import LocalWorkerOptions
+    from ._run import LocalJob
+
+__all__ = ["add_run_parser", "worker_options"]
 
 TINY = "tiny"
 
@@ -44,12 +48,40 @@ def _model_dir(pool_model: str, override: str | None) -> str:
     return str(path)
 
 
+def worker_options(
+    local: LocalJob,
+    engine: str,
+    *,
+    model: str | None = None,
+    max_model_len: int | None = None,
+    time_scale: float = 1.0,
+    scripted_replies: bool = False,
+) -> LocalWorkerOptions:
+    """The local workers' options for ``engine``: what ``heddle run`` and the client start."""
+    from ._local import LocalWorkerOptions  # noqa: PLC0415
+
+    model_dir = None
+    if engine == "vllm":
+        from heddle.worker import check_vllm_environment  # noqa: PLC0415
+
+        check_vllm_environment()  # before any worker starts: one sentence, not 20 tracebacks
+        model_dir = _model_dir(local.pool.model, model)
+    return LocalWorkerOptions(
+        engine=engine,
+        model=model_dir,
+        max_model_len=max_model_len
+        or (min(local.pool.vllm.max_model_len, 4096) if engine == "vllm" else 65_536),
+        time_scale=time_scale,
+        scripted_replies=scripted_replies,
+        log_dir=local.output.parent / "logs",
+    )
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from ._local import LocalWorkerOptions  # noqa: PLC0415
     from ._run import ProgressPrinter, prepare_job, run_local  # noqa: PLC0415
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -61,20 +93,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         local.job = dataclasses.replace(local.job, policy=args.policy)
     if args.output:
         local.output = Path(args.output)
-    model = None
-    if args.engine == "vllm":
-        from heddle.worker import check_vllm_environment  # noqa: PLC0415
-
-        check_vllm_environment()  # before any worker starts: one sentence, not 20 tracebacks
-        model = _model_dir(local.pool.model, args.model)
-    options = LocalWorkerOptions(
-        engine=args.engine,
-        model=model,
-        max_model_len=args.max_model_len
-        or (min(local.pool.vllm.max_model_len, 4096) if args.engine == "vllm" else 65_536),
+    options = worker_options(
+        local,
+        args.engine,
+        model=args.model,
+        max_model_len=args.max_model_len,
         time_scale=args.time_scale,
         scripted_replies=args.scripted_replies,
-        log_dir=local.output.parent / "logs",
     )
     signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: workers stopped, output closed
     printer = ProgressPrinter(local.job.name) if not args.quiet else None

@@ -23,6 +23,7 @@ from ._yaml import read_text
 
 __all__ = [
     "TRAINERS",
+    "check_record",
     "collate_skyrl",
     "collate_verl",
     "export_rows",
@@ -49,7 +50,7 @@ def read_records(path: Path, *, keep_failed: bool = False) -> list[Row]:
             raise OutputError(
                 f"{where} is not JSON ({exc.msg}); give a Heddle output file"
             ) from None
-        _check(rec, where)
+        check_record(rec, where)
         key = (rec["task_id"], rec["sample"])
         if key in where_of:
             raise OutputError(
@@ -67,7 +68,7 @@ def read_records(path: Path, *, keep_failed: bool = False) -> list[Row]:
     return [rec for _, rec in records]
 
 
-def _check(rec: Any, where: str) -> None:
+def check_record(rec: Any, where: str) -> None:
     """The fields every converter reads, with one sentence per fault."""
     if not isinstance(rec, dict) or not isinstance(rec.get("task_id"), str):
         raise OutputError(f"{where} is not a Heddle record (no task_id); give a Heddle output file")

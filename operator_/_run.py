@@ -54,6 +54,7 @@ __all__ = [
     "job_workload",
     "perf_model_for",
     "prepare_job",
+    "prepare_manifests",
     "run_local",
 ]
 
@@ -105,13 +106,26 @@ def prepare_job(
 ) -> LocalJob:
     """Parse and resolve everything a local run needs; no processes start here."""
     docs = load_manifests(job_path)
-    job = RolloutJobSpec.from_manifest(_pick(docs, "RolloutJob", job_name, str(job_path)))
-    check_tool_hosts(job, HostAllowList.from_env())
     pool_docs = load_manifests(pool_path) if pool_path is not None else docs
-    pool = EnginePoolSpec.from_manifest(
-        _pick(pool_docs, "EnginePool", job.engine_pool, str(pool_path or job_path))
+    return prepare_manifests(
+        docs, pool_docs, job_name, base=job_path.parent, sources=(job_path, pool_path or job_path)
     )
-    base = job_path.parent
+
+
+def prepare_manifests(
+    docs: Sequence[Mapping[str, Any]],
+    pool_docs: Sequence[Mapping[str, Any]],
+    job_name: str | None = None,
+    *,
+    base: Path,
+    sources: tuple[object, object] = ("the job", "the pool"),
+) -> LocalJob:
+    """:func:`prepare_job` on manifests already parsed; relative paths resolve against ``base``."""
+    job = RolloutJobSpec.from_manifest(_pick(docs, "RolloutJob", job_name, str(sources[0])))
+    check_tool_hosts(job, HostAllowList.from_env())
+    pool = EnginePoolSpec.from_manifest(
+        _pick(pool_docs, "EnginePool", job.engine_pool, str(sources[1]))
+    )
     workload = job_workload(job, lambda name: base / name)  # an absolute name stays as it is
     if job.tasks.inline is not None:
         tasks = read_tasks(inline=job.tasks.inline)
