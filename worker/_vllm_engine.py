@@ -7,6 +7,7 @@ it (``make setup`` installs vLLM's CPU build; GPU images ship ``vllm``).
 from __future__ import annotations
 
 import asyncio
+import difflib
 import itertools
 import json
 import os
@@ -18,6 +19,7 @@ from typing import Any
 from heddle.exceptions import ConfigError, EngineInputError
 
 from ._engine import Engine, EngineError, EngineStats, ParsedTurn, Sampling, StepOutput
+from ._engine_arg_names import VLLM_ENGINE_ARG_NAMES, VLLM_LINE
 from ._environment import is_cpu_build
 from ._tool_parsing import VLLMToolParsers
 from ._vllm_env import vllm_cpu_env
@@ -71,6 +73,13 @@ def parse_engine_arg(text: str, where: str = "--vllm-arg") -> tuple[str, Any]:
         )
     if name in PROTECTED_ENGINE_ARGS:
         raise ConfigError(f"{where} {name!r} cannot be set: {PROTECTED_ENGINE_ARGS[name]}")
+    if name not in VLLM_ENGINE_ARG_NAMES:
+        close = difflib.get_close_matches(name, sorted(VLLM_ENGINE_ARG_NAMES), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(
+            f"{where} {name!r} is not an engine argument of vLLM {VLLM_LINE} "
+            f"(vllm.engine.arg_utils.EngineArgs){hint}"
+        )
     try:
         value: Any = json.loads(raw)
     except ValueError:

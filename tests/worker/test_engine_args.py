@@ -53,3 +53,41 @@ def test_a_pool_with_a_protected_or_malformed_extra_arg_is_refused_when_applied(
     pool["spec"]["vllm"]["extraArgs"] = ["no-equals-sign"]  # type: ignore[index]
     with pytest.raises(ManifestError, match=r"write it as name=value"):
         EnginePoolSpec.from_manifest(pool)
+
+
+@pytest.mark.parametrize(
+    ("text", "hint"),
+    [("max_num_seq=8", "did you mean 'max_num_seqs'"), ("no_such_thing=1", "EngineArgs")],
+)
+def test_an_unknown_engine_argument_is_refused_naming_the_closest(text: str, hint: str) -> None:
+    with pytest.raises(ConfigError, match="is not an engine argument of vLLM") as err:
+        parse_engine_arg(text)
+    assert hint in str(err.value)
+
+
+def test_a_pool_with_an_unknown_extra_arg_is_refused_when_applied() -> None:
+    pool = {
+        "apiVersion": "heddle.dev/v1alpha1",
+        "kind": "EnginePool",
+        "metadata": {"name": "p"},
+        "spec": {"model": "m", "gpus": 8, "vllm": {"extraArgs": ["enable_chunked_prefil=true"]}},
+    }
+    with pytest.raises(ManifestError, match=r"extraArgs\[0\] 'enable_chunked_prefil' is not an"):
+        EnginePoolSpec.from_manifest(pool)
+
+
+@pytest.mark.slow
+def test_the_pinned_names_are_the_installed_vllms_engine_arguments() -> None:
+    import dataclasses
+
+    import vllm
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from heddle.worker._engine_arg_names import VLLM_ENGINE_ARG_NAMES, VLLM_LINE
+
+    assert vllm.__version__.startswith(VLLM_LINE + "."), vllm.__version__
+    installed = {f.name for f in dataclasses.fields(AsyncEngineArgs) if not f.name.startswith("_")}
+    assert installed == VLLM_ENGINE_ARG_NAMES, (
+        f"update worker/_engine_arg_names.py: add {sorted(installed - VLLM_ENGINE_ARG_NAMES)}, "
+        f"remove {sorted(VLLM_ENGINE_ARG_NAMES - installed)}"
+    )
