@@ -30,6 +30,7 @@ BENCH_TARGETS = (
     "engines",
     "control-loop",
     "weights",
+    "memory",
 )
 DEFAULT_POLICIES = "heddle,verl,verl-star,slime"
 
@@ -195,6 +196,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
               f"start until ready {result['restart_start_s']:.2f} s)")  # fmt: skip
         print(f"  swap     {result['median_swap_s']:8.3f} s (median of {result['rounds']})")
         print(f"  swap is {result['speedup']:.0f}x faster")
+    elif args.target == "memory":
+        from ._memory_bench import bench_memory
+
+        result = bench_memory(trajectories=args.trajectories or 64, seed=args.seed)
+        print("session memory per trajectory (token ids, mask, logprobs, conversation):")
+        for tokens, row in result["by_tokens"].items():
+            print(f"  {int(tokens):>6} tokens: in flight "
+                  f"{row['in_flight_bytes_per_trajectory'] / 2**10:8.1f} KiB, after its record "
+                  f"is written {row['written_bytes_per_trajectory'] / 2**10:6.1f} KiB")  # fmt: skip
+        print(f"  the paper's job (8,192 x 10K tokens in flight): "
+              f"{result['paper_job_in_flight_gib']:.2f} GiB")  # fmt: skip
     elif args.target == "predictor":
         workloads = tuple(args.workloads.split(","))
         result = mb.bench_predictor(workloads=workloads, seed=args.seed)
@@ -407,7 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
         "policy and compare (results.json, rollout.png); placement: DP timing; "
         "shape: TP-mix search timing; predictor: Pearson and tail recall after step 1, 2, 4; "
         "worker: tokens/s through the worker API against vLLM's own generate; "
-        "weights: a checkpoint swap in place against a worker restart.",
+        "weights: a checkpoint swap in place against a worker restart; "
+        "memory: the session's bytes per trajectory at 10K and 40K tokens.",
     )
     p_bench.add_argument(
         "target", nargs="?", default="rollout", choices=BENCH_TARGETS, help="what to benchmark"

@@ -142,24 +142,31 @@ class OutputSink:
             self._lock_fd = None
 
     def _scan(self, fd: int) -> set[str]:
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read()
-        end = data.rfind(b"\n") + 1
+        # Line by line: a resumed 8,192 x 40K-token output is gigabytes, never held whole.
         done: set[str] = set()
-        for number, line in enumerate(data[:end].split(b"\n"), start=1):
-            if not line.strip():
-                continue
-            key = self._key(line)
-            if key is None:
-                raise OutputError(
-                    f"{self.path} line {number} is not a Heddle output record (expected a JSON "
-                    "object with task_id and sample); move the file away, or fix that line, "
-                    "and run again"
-                )
-            if key in done:
-                log.warning("%s line %d repeats a trajectory already recorded", self.path, number)
-            done.add(key)
-        tail = data[end:]
+        end = 0
+        tail = b""
+        with os.fdopen(os.dup(fd), "rb") as f:
+            f.seek(0)
+            for number, line in enumerate(f, start=1):  # binary lines end at b"\n" only
+                if not line.endswith(b"\n"):
+                    tail = line
+                    break
+                end += len(line)
+                if not line.strip():
+                    continue
+                key = self._key(line)
+                if key is None:
+                    raise OutputError(
+                        f"{self.path} line {number} is not a Heddle output record (expected a "
+                        "JSON object with task_id and sample); move the file away, or fix that "
+                        "line, and run again"
+                    )
+                if key in done:
+                    log.warning(
+                        "%s line %d repeats a trajectory already recorded", self.path, number
+                    )
+                done.add(key)
         if tail and not (_RECORD_START.match(tail) or _RECORD_HEAD.startswith(tail)):
             raise OutputError(
                 f"{self.path} ends with a line that is not a Heddle output record; "

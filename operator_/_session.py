@@ -660,6 +660,7 @@ class RolloutSession:
         record["weight_version"] = spec.version if spec is not None else None
         if self.sink.write(record):
             self._finished["failed" if run.status == "failed" else "done"] += 1
+        run.forget_history()
 
     def _release_later(self, worker: str, trajectory_id: str) -> None:
         client = self._clients.get(worker)

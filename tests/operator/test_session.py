@@ -393,3 +393,17 @@ def test_in_flight_cap_bounds_started_unfinished_trajectories(
     assert peak == 3
     with pytest.raises(HeddleError, match="max_trajectories_in_flight=0"):
         _session(workers, out, tasks, env, 4, max_trajectories_in_flight=0)
+
+
+def test_a_written_trajectory_keeps_no_history(
+    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    """A long job's finished trajectories would otherwise hold every token until it ends."""
+    _, workers = sim_pool
+    tasks, env = _synthetic(2, 2)
+    out = tmp_path / "out.jsonl"
+    session = _session(workers, out, tasks, env, 2)
+    asyncio.run(session.run())
+    assert all(r["response_token_ids"] for r in read_records(out))
+    for run in session.runs.values():
+        assert (len(run.tokens), len(run.mask), run.messages) == (0, 0, [])
