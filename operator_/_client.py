@@ -36,7 +36,7 @@ class StepReply:
     finish_reason: str
     prompt_tokens: int
     cached_tokens: int
-    logprobs: list[float] | None
+    logprobs: list[float | None] | None  # null where JSON cannot carry the value (-inf, NaN)
     queue_s: float
     total_s: float
     # With tool_parser, from the worker's (vLLM's) parser: OpenAI-format calls and the prose.

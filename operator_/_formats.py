@@ -17,6 +17,9 @@ kept whole as the task's ``fields`` and come back in every record as
 
 from __future__ import annotations
 
+import base64
+import datetime as dt
+import decimal
 import importlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -88,9 +91,19 @@ def parquet_rows(path: Path) -> Iterator[tuple[str, str, Any]]:
 
 def _without_nulls(value: Any) -> Any:
     """Parquet gives every row every field of a struct column (null where a row had none):
-    a message would gain ``tool_calls: null``, ``extra_info`` another row's keys."""
+    a message would gain ``tool_calls: null``, ``extra_info`` another row's keys. Values
+    JSON has no type for (timestamps, decimals, bytes) become strings: the row is copied
+    into records and sent to reward endpoints as JSON."""
     if isinstance(value, dict):
         return {k: _without_nulls(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return [_without_nulls(v) for v in value]
+    if isinstance(value, dt.date | dt.time):  # datetime is a date
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
     return value

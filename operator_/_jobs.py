@@ -323,8 +323,11 @@ async def _run_session(
     )
     ctx.sessions[key] = session
     started = now_iso()
-    running = [valid, condition("PoolReady", True, "InstancesReady", f"{len(workers)} instances"),
-               condition("Running", True, "SessionRunning", f"policy {job.policy}")]  # fmt: skip
+    running = [
+        valid,
+        condition("PoolReady", True, "InstancesReady", f"{len(workers)} instances"),
+        condition("Running", True, "SessionRunning", _running(job.policy, policy)),
+    ]
     await status.write("Running", running, startTime=started)
     task = asyncio.create_task(session.run())
     try:
@@ -394,3 +397,10 @@ async def _sync_workers(
         elif name not in ready and name not in draining:
             session.remove_worker(name)
             known.pop(name)
+
+
+def _running(asked: str, ran: str) -> str:
+    if asked == ran:
+        return f"policy {asked}"
+    # The shape planner predicted the job's policy would not beat this one on the shape.
+    return f"policy {ran} (the shape planner's choice for policy {asked}; docs/scheduler.md)"

@@ -12,6 +12,7 @@ memory").
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from array import array
 from collections.abc import Mapping
@@ -25,6 +26,8 @@ from ._environments import Episode
 from ._tasks import Task
 
 __all__ = ["TrajectoryRun"]
+
+_NAN = float("nan")
 
 
 @dataclass(eq=False)
@@ -77,7 +80,9 @@ class TrajectoryRun:
         self.tokens.extend(reply.token_ids)
         self.mask.extend([1] * len(reply.token_ids))
         if want_logprobs:
-            got = reply.logprobs or []
+            # A logprob JSON cannot carry (-inf, NaN) arrives as null: kept as NaN here,
+            # written as null again (record()).
+            got = [_NAN if x is None else float(x) for x in reply.logprobs or []]
             self.logprobs.extend([*got, *[0.0] * (len(reply.token_ids) - len(got))])
         self.messages.extend(self.pending)
         self.messages.append({"role": "assistant", "content": reply.text})
@@ -149,7 +154,7 @@ class TrajectoryRun:
             "task_fields": dict(self.task.fields),
         }
         if want_logprobs:
-            rec["response_logprobs"] = self.logprobs.tolist()
+            rec["response_logprobs"] = [None if math.isnan(x) else x for x in self.logprobs]
         rec["reward"] = self.reward
         rec["reward_info"] = None if self.reward_info is None else dict(self.reward_info)
         rec["reward_error"] = self.reward_error

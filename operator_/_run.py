@@ -209,13 +209,12 @@ def plan_pool(local: LocalJob, perf: PerfModel) -> PoolPlan:
         for s in range(local.job.samples_per_task):
             t = Trajectory(f"t{i}-{s}", f"t{i}", prompt)
             prediction = predictor.update(t)
+            # The job's own limits bound what the prior predicts: a trajectory never
+            # generates more than maxTotalTokens nor runs more than maxTurns steps.
+            tokens = min(prediction.remaining_tokens, local.job.sampling.max_total_tokens)
+            turns = min(prediction.remaining_turns, local.job.max_turns)
             records.append(
-                FinishedTrajectory(
-                    f"t{i}",
-                    prompt,
-                    max(1, round(prediction.remaining_tokens)),
-                    max(1, round(prediction.remaining_turns)),
-                )
+                FinishedTrajectory(f"t{i}", prompt, max(1, round(tokens)), max(1, round(turns)))
             )
     tool_means: dict[str, float] = {}
     reply_tokens = 128.0
@@ -228,9 +227,11 @@ def plan_pool(local: LocalJob, perf: PerfModel) -> PoolPlan:
         gpus_per_node=pool.gpus_per_node,
         tensor_parallel_sizes=pool.tensor_parallel_sizes,
     )
+    # No running shape to weigh a reshape against: the pool takes the plan (the
+    # operator reshapes to it), and its fallback and cap were scored on that shape.
     plan = SimulatedShapePlanner(perf, config).plan_history(
         records,
-        baseline,
+        None,
         tool_means_s=tool_means,
         tool_output_tokens=reply_tokens,
         policy=policy.name,

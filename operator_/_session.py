@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from heddle.exceptions import (
     HeddleError,
@@ -301,9 +302,11 @@ class RolloutSession:
             pools, self._pools = list(self._pools.values()), {}
             for http in pools:
                 await http.aclose()
-            if deadline_hit:
-                self._truncate_unfinished()
-            self.sink.close()
+            try:
+                if deadline_hit:
+                    self._truncate_unfinished()
+            finally:
+                self.sink.close()  # the output's lock goes even if a last write fails
         progress = self.progress()
         self._publish(progress)
         return SessionResult(
@@ -372,6 +375,8 @@ class RolloutSession:
                 self._write(run)
             elif run.status == "running":
                 run.status, run.finish_reason = "truncated", "deadline"
+                if self.environment.reward is not None:
+                    run.reward_error = "not scored: the deadline came before it finished"
                 self._write(run)
 
     # -- one trajectory ------------------------------------------------------------------
@@ -507,6 +512,7 @@ class RolloutSession:
                 # step still runs there. 421: it serves other weights (restarted): reload
                 # them there, the step goes elsewhere. Else the request's fault: no retry.
                 if exc.status == 421:
+                    self.weights.forget(name)
                     self._live.discard(name)
                     self._admit(name)
                 elif exc.status not in (404, 409):
@@ -619,7 +625,7 @@ class RolloutSession:
         if scorer is None:
             return
         run.scoring = True
-        record = run.record(policy=self.policy.name, want_logprobs=False)
+        record = self._record(run)  # the record as it will be written, less what is to fill
         for key in ("reward", "reward_info", "reward_error"):  # what the scorer is to fill
             del record[key]
         got = await scorer.score(record)
@@ -654,10 +660,14 @@ class RolloutSession:
         assert self._give_up_reason is not None
         raise self._give_up_reason
 
-    def _write(self, run: TrajectoryRun) -> None:
+    def _record(self, run: TrajectoryRun) -> dict[str, Any]:
         spec = self.weights.spec
         record = run.record(policy=self.policy.name, want_logprobs=self.sampling.logprobs)
         record["weight_version"] = spec.version if spec is not None else None
+        return record
+
+    def _write(self, run: TrajectoryRun) -> None:
+        record = self._record(run)
         if self.sink.write(record):
             self._finished["failed" if run.status == "failed" else "done"] += 1
         run.forget_history()
@@ -675,6 +685,7 @@ class RolloutSession:
 
     # -- workers ---------------------------------------------------------------------------
     def _mark_down(self, name: str, reason: str) -> None:
+        self.weights.forget(name)  # a worker that comes back is loaded again (_admit)
         if name not in self._live:
             return
         self._live.discard(name)
@@ -751,6 +762,9 @@ class RolloutSession:
                 run.moving = asyncio.create_task(self._move(run, move.source, move.destination))
 
     async def _move(self, run: TrajectoryRun, source: str, destination: str) -> None:
+        if run.status != "running":
+            run.moving = None  # it finished since the move was planned: nothing to move
+            return
         self._moving.update((source, destination))
         try:
             await self._clients[destination].import_context(run.traj.id, run.tokens, warm=True)

@@ -49,6 +49,10 @@ class WeightsKeeper:
         """Whether a load on ``name`` is queued or under way."""
         return name in self._pending
 
+    def forget(self, name: str) -> None:
+        """``name`` may no longer serve the job's weights (down, restarted, removed)."""
+        self.versions.pop(name, None)
+
     def request(self, name: str) -> None:
         """Load on ``name`` (a worker that joined or came back) before it takes steps."""
         if name not in self._pending:

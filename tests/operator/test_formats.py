@@ -113,3 +113,28 @@ def test_parquet_rows_read_as_their_jsonl_twins(tmp_path: Path) -> None:
         assert ids == [t.id for t in want.tasks]
         # Parquet fills a struct's missing keys with nulls; the row reads as it was written.
         assert [t.fields for t in got.tasks] == [t.fields for t in want.tasks]
+
+
+def test_parquet_values_json_has_no_type_for_become_strings(tmp_path: Path) -> None:
+    import datetime as dt
+    import decimal
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    extra = {
+        "index": 3,
+        "at": dt.datetime(2026, 1, 2, 3, 4, 5),
+        "price": decimal.Decimal("1.25"),
+        "blob": b"\x00\x01",
+    }
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist([{**VERL, "extra_info": extra}]), path)
+    (task,) = read_tasks(path=path).tasks
+    assert task.fields["extra_info"] == {
+        "index": 3,
+        "at": "2026-01-02T03:04:05",
+        "price": "1.25",
+        "blob": "AAE=",
+    }
+    json.dumps(task.fields)  # a record and a reward request carry them

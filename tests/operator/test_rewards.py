@@ -398,3 +398,24 @@ def test_the_documented_reward_endpoint_scores_through_http_reward() -> None:
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_a_trajectory_the_deadline_cut_says_it_was_not_scored(
+    scripted_pool: tuple[LocalPool, list[WorkerEndpoint]],
+    reward_server: RewardServer,
+    tmp_path: Path,
+) -> None:
+    _, workers = scripted_pool
+    spec = RewardSpec("http", url=reward_server.url + "/slow", timeout_s=10.0)
+    tasks = _tasks(2)
+    # One trajectory at a time: the first waits on its reward when the deadline comes,
+    # the others never start.
+    records, _ = _run(
+        workers, tmp_path / "o.jsonl", spec, tasks, deadline_s=1.0, max_trajectories_in_flight=1
+    )
+    assert_exactly_once(records, {(t.id, s) for t in tasks for s in range(2)})
+    cut = [r for r in records if r["status"] == "truncated"]
+    assert cut and all(r["finish_reason"] == "deadline" for r in cut)
+    for r in cut:
+        assert r["reward"] is None
+        assert r["reward_error"] == "not scored: the deadline came before it finished"
