@@ -29,7 +29,7 @@ import httpx
 from heddle.exceptions import ToolError
 
 from ._reward_spec import RewardSpec
-from ._tools import MAX_REPLY_BYTES, _transport_cause
+from ._tools import MAX_REPLY_BYTES, read_capped, transport_cause
 
 __all__ = ["HttpReward", "RewardResult", "RewardScorer", "ScriptedReward", "make_scorer"]
 
@@ -111,9 +111,7 @@ class HttpReward(RewardScorer):
         except (TimeoutError, httpx.TimeoutException):
             raise _RetryError(f"no complete answer within {timeout:g} s (timeoutSeconds)") from None
         except httpx.HTTPError as exc:
-            raise _RetryError(
-                _transport_cause(exc).replace("tool server", "reward server")
-            ) from None
+            raise _RetryError(transport_cause(exc, "reward server")) from None
         text = raw.decode("utf-8", errors="replace")
         if 400 <= status < 500:
             raise ToolError(f"reward endpoint refused the trajectory ({status}): {text[:300]}")
@@ -126,22 +124,7 @@ class HttpReward(RewardScorer):
         return _parse_reply(data, text)
 
     async def _read(self, reply: httpx.Response) -> bytes:
-        cap = self.max_reply_bytes
-        too_large = ToolError(
-            f"reward endpoint replied with more than {cap} bytes, the cap on a reply; "
-            "the rest was not read"
-        )
-        declared = reply.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > cap:
-            raise too_large
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in reply.aiter_bytes():
-            size += len(chunk)
-            if size > cap:
-                raise too_large
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return await read_capped(reply, "reward endpoint", self.max_reply_bytes)
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -42,6 +42,8 @@ __all__ = [
     "ToolCall",
     "ToolCallParser",
     "ToolsEnvironment",
+    "read_capped",
+    "transport_cause",
 ]
 
 
@@ -175,13 +177,13 @@ async def _attempt(
                         f"tool {name!r} answered with a redirect ({status}), which is not "
                         "followed; set the endpoint's url to the address that answers"
                     )
-                raw = await _read_capped(reply, name, cap)
+                raw = await read_capped(reply, f"tool {name!r}", cap)
     except (TimeoutError, httpx.TimeoutException):
         raise _RetryableError(
             f"no complete answer within {endpoint.timeout_s:g} s (timeoutSeconds)"
         ) from None
     except httpx.HTTPError as exc:
-        raise _RetryableError(_transport_cause(exc)) from None
+        raise _RetryableError(transport_cause(exc)) from None
     text = raw.decode("utf-8", errors="replace")
     if 400 <= status < 500:
         raise ToolError(f"tool {name!r} refused the call ({status}): {text[:300]}")
@@ -196,11 +198,10 @@ async def _attempt(
     return str(data["content"])
 
 
-async def _read_capped(reply: httpx.Response, name: str, cap: int) -> bytes:
-    """The body, refused (unread) once it passes ``cap`` bytes."""
+async def read_capped(reply: httpx.Response, who: str, cap: int) -> bytes:
+    """The body, refused (unread) once it passes ``cap`` bytes; ``who`` names the sender."""
     too_large = ToolError(
-        f"tool {name!r} replied with more than {cap} bytes, the cap on a tool reply; "
-        "the rest was not read"
+        f"{who} replied with more than {cap} bytes, the cap on a reply; the rest was not read"
     )
     declared = reply.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > cap:
@@ -215,7 +216,7 @@ async def _read_capped(reply: httpx.Response, name: str, cap: int) -> bytes:
     return b"".join(chunks)
 
 
-def _transport_cause(exc: httpx.HTTPError) -> str:
+def transport_cause(exc: httpx.HTTPError, server: str = "tool server") -> str:
     """A sentence naming why the exchange broke (never the URL: it may go to the model)."""
     causes: list[BaseException] = []
     seen: BaseException | None = exc
@@ -223,15 +224,15 @@ def _transport_cause(exc: httpx.HTTPError) -> str:
         causes.append(seen)
         seen = seen.__cause__ or seen.__context__
     if any(isinstance(c, ConnectionResetError) for c in causes):
-        return "the tool server reset the connection"
+        return f"the {server} reset the connection"
     if any(isinstance(c, ConnectionRefusedError) for c in causes):
-        return "the tool server refused the connection (nothing listens at that address)"
+        return f"the {server} refused the connection (nothing listens at that address)"
     if isinstance(exc, httpx.RemoteProtocolError):
-        return "the tool server closed the connection before a complete reply"
+        return f"the {server} closed the connection before a complete reply"
     if isinstance(exc, httpx.ConnectError):
-        return "cannot connect to the tool server (unknown host or unreachable)"
+        return f"cannot connect to the {server} (unknown host or unreachable)"
     if isinstance(exc, httpx.ReadError | httpx.WriteError):
-        return "the connection to the tool server broke mid-call"
+        return f"the connection to the {server} broke mid-call"
     return f"the call failed below HTTP ({type(exc).__name__})"
 
 
