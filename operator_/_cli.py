@@ -48,15 +48,17 @@ def _cmd_version(args: argparse.Namespace) -> int:
 
 
 def _print_placement(r: dict[str, Any]) -> None:
+    tps = "/".join(f"TP{tp}" for tp in r["tps"])
     print(
-        f"presorted-DP placement: {r['trajectories']} trajectories on {r['instances']} "
-        f"TP{r['tp']} instances ({r['workload']} lengths), {r['repeats']} repeats"
+        f"placement: {r['trajectories']} trajectories on {r['instances']} {tps} instances "
+        f"({r['workload']} lengths)"
     )
-    for label in ("aggregated_1024", "exact"):
+    for label in ("split", "exact_dp"):
         x = r[label]
         print(
-            f"  {label:16s} median {x['median_ms']:8.2f} ms   min {x['min_ms']:8.2f} ms   "
-            f"predicted makespan {x['predicted_makespan_s']:9.1f} s"
+            f"  {label:9s} median {x['median_ms']:9.2f} ms   min {x['min_ms']:9.2f} ms   "
+            f"({x['repeats']} repeats)   predicted makespan {x['predicted_makespan_s']:9.1f} s   "
+            f"idle instances {x['idle_instances']}"
         )
 
 
@@ -139,6 +141,18 @@ def _caps(text: str | None) -> tuple[int | None, ...]:
     return tuple(caps) or DEFAULT_CAPS
 
 
+def _tp_mix(text: str) -> tuple[int, ...]:
+    from heddle.exceptions import ConfigError
+
+    try:
+        tps = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        tps = ()
+    if not tps or min(tps) < 1:
+        raise ConfigError(f"--tp-mix {text!r}: write positive whole numbers, e.g. 1,2,4")
+    return tps
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from . import _microbench as mb
 
@@ -153,7 +167,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         result = mb.bench_placement(
             trajectories=args.trajectories or 4096,
             instances=args.instances,
-            tp=args.tp,
+            tps=_tp_mix(args.tp_mix) if args.tp_mix else (args.tp,),
             workload=args.workload or "coding",
             cluster=args.cluster,
             repeats=args.repeats,
@@ -481,6 +495,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_bench.add_argument("--instances", type=int, default=64, help="for 'placement'")
     p_bench.add_argument("--tp", type=int, default=1, help="instance TP, for 'placement'")
+    p_bench.add_argument(
+        "--tp-mix",
+        default=None,
+        help="for 'placement': a mixed pool, instances cycling through these TPs, e.g. 1,2,4",
+    )
     p_bench.add_argument(
         "--gpus", type=int, default=None, help="GPU budget (default: the cluster's; 64 for 'shape')"
     )

@@ -35,6 +35,8 @@ def test_bench_placement_writes_json(tmp_path: Path, capsys: pytest.CaptureFixtu
             "300",
             "--instances",
             "8",
+            "--tp-mix",
+            "1,2",
             "--repeats",
             "2",
             "--out",
@@ -44,8 +46,9 @@ def test_bench_placement_writes_json(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert code == 0
     result = json.loads((tmp_path / "placement.json").read_text())
     assert result["trajectories"] == 300 and result["instances"] == 8
-    exact = result["exact"]["predicted_makespan_s"]
-    assert exact <= result["aggregated_1024"]["predicted_makespan_s"] * (1 + 1e-9)
+    assert result["tps"] == [1, 2]
+    exact = result["exact_dp"]["predicted_makespan_s"]
+    assert result["split"]["predicted_makespan_s"] == pytest.approx(exact, rel=1e-9)
     assert "median" in capsys.readouterr().out
 
 

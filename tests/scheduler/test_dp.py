@@ -1,4 +1,5 @@
-"""Presorted DP: optimal against brute force on small cases; the fast search agrees."""
+"""Presorted DP: optimal against brute force on small cases; the table-free split finds the
+same optimum and spreads the load."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from heddle.exceptions import ConfigError
 from heddle.scheduler import EngineInstance, aggregate, group_cost, solve_contiguous, solve_lengths
-from heddle.scheduler._dp import search_contiguous
+from heddle.scheduler._dp import search_contiguous, split_contiguous
 
 from ..conftest import make_instance
 
@@ -143,6 +144,69 @@ def test_parametric_search_agrees_with_the_dp(
     assert exact * (1 - 1e-9) <= approx <= exact * (1 + 1.1e-3)
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(
+        st.one_of(st.floats(1.0, 40_000.0), st.sampled_from([0.0, 7.0, 512.0])),
+        min_size=0,
+        max_size=300,
+    ),
+    shapes=st.lists(
+        st.tuples(st.sampled_from([1.0, 0.6, 0.35]), st.integers(1, 40), st.floats(0.0, 0.6)),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_split_finds_the_dps_optimum_exactly(
+    lengths: list[float], shapes: list[tuple[float, int, float]]
+) -> None:
+    """The table-free split (what placement uses) lands on the DP's optimum, not near it."""
+    instances = [make_instance(f"i{j}", *shape) for j, shape in enumerate(shapes)]
+    ordered = np.sort(np.array(lengths, dtype=np.float64))[::-1]
+    exact, _ = solve_contiguous(aggregate(ordered, max(len(ordered), 2)), instances)
+    makespan, order, ranges = split_contiguous(ordered, [instances])
+    assert order == 0
+    assert makespan == pytest.approx(exact, rel=1e-9, abs=1e-9)
+    covered = [i for start, end in ranges for i in range(start, end)]
+    assert covered == list(range(len(ordered)))
+    achieved = max(
+        (
+            group_cost(inst, end - start, float(ordered[start]) if end > start else 0.0)
+            for inst, (start, end) in zip(instances, ranges, strict=True)
+        ),
+        default=0.0,
+    )
+    assert achieved == pytest.approx(makespan, rel=1e-9, abs=1e-9)
+
+
+def test_split_keeps_every_engine_busy_where_the_dp_leaves_some_idle() -> None:
+    """Same makespan, work spread by throughput: the DP's split is one of many optima and
+    may leave engines empty, which a wrong prediction then punishes."""
+    from heddle.scheduler import HARDWARE_PRESETS, MODEL_PRESETS, PerfModel
+
+    perf = PerfModel(MODEL_PRESETS["qwen3-14b"], HARDWARE_PRESETS["h100-sxm"])
+    instances = [perf.instance(f"e{i}", 1) for i in range(64)]
+    rng = np.random.default_rng(3)
+    # A few long trajectories and many short ones: the long ones fix the makespan.
+    lengths = np.sort(np.concatenate([rng.uniform(20_000, 30_000, 8), rng.uniform(50, 400, 4000)]))
+    ordered = lengths[::-1].copy()
+    exact, dp_ranges = solve_contiguous(aggregate(ordered, len(ordered)), instances)
+    makespan, _, ranges = split_contiguous(ordered, [instances])
+    assert makespan == pytest.approx(exact, rel=1e-9)
+    assert sum(1 for start, end in dp_ranges if end == start) > 0
+    assert min(end - start for start, end in ranges) > 0
+    # The eight long ones fix the makespan; the rest share the short ones' tokens evenly.
+    work = [float(ordered[start:end].sum()) for start, end in ranges[8:]]
+    assert max(work) <= 1.2 * min(work)
+
+
+def test_split_picks_the_best_of_several_orders() -> None:
+    fast, slow = make_instance("fast", 0.6, 1, 0.0), make_instance("slow", 1.0, 1, 0.0)
+    lengths = np.array([2.0, 1.0, 1.0, 1.0])
+    makespan, order, _ = split_contiguous(lengths, [[fast, slow], [slow, fast]])
+    assert (makespan, order) == (pytest.approx(2.0), 1)
+
+
 def test_longest_trajectory_goes_to_the_fastest_instance() -> None:
     fast, slow = make_instance("fast", 0.3, 8), make_instance("slow", 1.0, 8)
     lengths = [10_000.0, 500.0, 400.0, 300.0, 200.0]
@@ -175,5 +239,7 @@ def test_aggregated_plan_is_close_to_exact() -> None:
 def test_errors_name_the_problem() -> None:
     with pytest.raises(ConfigError, match="no engine instances"):
         solve_contiguous(aggregate(np.array([1.0]), 10), [])
+    with pytest.raises(ConfigError, match="no engine instances"):
+        split_contiguous(np.array([1.0]), [[]])
     with pytest.raises(ConfigError, match="max_items=1"):
         aggregate(np.array([1.0]), 1)
