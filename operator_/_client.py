@@ -14,6 +14,7 @@ from typing import Any
 
 from heddle.exceptions import WorkerRejectedError, WorkerUnavailableError
 
+from . import _json
 from ._http import HttpError, HttpPool, HttpTimeoutError
 
 __all__ = ["StepReply", "WorkerClient", "WorkerEndpoint"]
@@ -61,7 +62,7 @@ class WorkerClient:
     async def _request(
         self, method: str, path: str, *, json_body: Any = None, timeout: float = 30.0
     ) -> Any:
-        body = None if json_body is None else json.dumps(json_body).encode()
+        body = None if json_body is None else _json.dumps(json_body)
         try:
             status, reply = await self.http.request(method, path, body, timeout=timeout)
         except HttpTimeoutError:
@@ -81,7 +82,7 @@ class WorkerClient:
         if not reply:
             return None
         try:
-            return json.loads(reply)
+            return _json.loads(reply)
         except ValueError:
             raise WorkerUnavailableError(
                 self.name, f"{method} {path}: the reply is not JSON: {reply[:200]!r}"

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import logging
 import os
 import re
@@ -31,20 +30,37 @@ from typing import Any
 
 from heddle.exceptions import OutputError
 
+from . import _json
+
 __all__ = ["OutputSink", "encode_record", "lock_path", "record_key"]
 
-# Characters str.splitlines() (and older JavaScript) treat as line ends; json.dumps
-# leaves them raw with ensure_ascii=False, and a random-weight model emits them.
-_LINE_BREAKERS = str.maketrans({"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+# Characters str.splitlines() (and older JavaScript) treat as line ends; JSON encoders
+# leave them raw in strings, and a random-weight model emits them. In UTF-8 they only
+# occur inside strings, where an escape means the same character.
+_LINE_BREAKERS = (
+    ("\u0085".encode(), b"\\u0085"),
+    ("\u2028".encode(), b"\\u2028"),
+    ("\u2029".encode(), b"\\u2029"),
+)
+
+
+def encode_record_bytes(record: Mapping[str, Any]) -> bytes:
+    """One record as one JSON line (no newline) that every line-splitting reader sees as
+    one line."""
+    line = _json.dumps(record)
+    for raw, escaped in _LINE_BREAKERS:
+        if raw in line:
+            line = line.replace(raw, escaped)
+    return line
 
 
 def encode_record(record: Mapping[str, Any]) -> str:
-    """One record as one JSON line that every line-splitting reader sees as one line."""
-    return json.dumps(record, separators=(",", ":"), ensure_ascii=False).translate(_LINE_BREAKERS)
+    """:func:`encode_record_bytes` as text."""
+    return encode_record_bytes(record).decode()
 
 
 log = logging.getLogger("heddle.output")
-# How every record starts (json.dumps with the record's first key); a torn tail must too.
+# How every record starts (the record's first key, compact); a torn tail must too.
 _RECORD_HEAD = b'{"task_id":'
 _RECORD_START = re.compile(rb'\{\s*"task_id"\s*:')
 _FIX = "choose another spec.output.path (heddle run: --output)"
@@ -186,7 +202,7 @@ class OutputSink:
     @staticmethod
     def _key(line: bytes) -> str | None:
         try:
-            record = json.loads(line)
+            record = _json.loads(line)
             sample = record["sample"]
             task_id = record["task_id"]
         except (ValueError, KeyError, TypeError):
@@ -208,7 +224,7 @@ class OutputSink:
         key = record_key(str(record["task_id"]), int(record["sample"]))
         if key in self._written:
             return False
-        line = (encode_record(record) + "\n").encode()
+        line = encode_record_bytes(record) + b"\n"
         start = os.fstat(self._fd).st_size  # this session holds the lock: nobody else appends
         view = memoryview(line)
         try:

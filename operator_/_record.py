@@ -67,23 +67,27 @@ class TrajectoryRun:
 
     def apply(self, worker: str, reply: StepReply, want_logprobs: bool) -> None:
         """Fold a finished step into the history."""
+        # Per token, only the ids go through Python objects: masks and padding are
+        # written as bytes (0.0 is eight zero bytes), the control loop's main cost.
+        appended, generated = len(reply.appended_token_ids), len(reply.token_ids)
         if self.prompt_len is None:
-            self.prompt_len = len(self.tokens) + len(reply.appended_token_ids)
-            self.tokens.extend(reply.appended_token_ids)
-            self.mask.extend([0] * len(reply.appended_token_ids))
+            self.prompt_len = len(self.tokens) + appended
         else:
-            self.tool_output_tokens.append(len(reply.appended_token_ids))
-            self.tokens.extend(reply.appended_token_ids)
-            self.mask.extend([0] * len(reply.appended_token_ids))
+            self.tool_output_tokens.append(appended)
             if want_logprobs:
-                self.logprobs.extend([0.0] * len(reply.appended_token_ids))
+                self.logprobs.frombytes(bytes(8 * appended))
+        self.tokens.extend(reply.appended_token_ids)
+        self.mask.frombytes(bytes(appended))
         self.tokens.extend(reply.token_ids)
-        self.mask.extend([1] * len(reply.token_ids))
+        self.mask.frombytes(b"\x01" * generated)
         if want_logprobs:
-            # A logprob JSON cannot carry (-inf, NaN) arrives as null: kept as NaN here,
-            # written as null again (record()).
-            got = [_NAN if x is None else float(x) for x in reply.logprobs or []]
-            self.logprobs.extend([*got, *[0.0] * (len(reply.token_ids) - len(got))])
+            got = reply.logprobs or []
+            if None in got:
+                # A logprob JSON cannot carry (-inf, NaN) arrives as null: kept as NaN here,
+                # written as null again (record()).
+                got = [_NAN if x is None else x for x in got]
+            self.logprobs.extend(got)
+            self.logprobs.frombytes(bytes(8 * max(0, generated - len(got))))
         self.messages.extend(self.pending)
         self.messages.append({"role": "assistant", "content": reply.text})
         self.pending = []
