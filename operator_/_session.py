@@ -216,8 +216,9 @@ class RolloutSession:
         for pool in (self._pools.pop(name, None), self._pools.pop(f"{name}/probe", None)):
             if pool is not None:
                 asyncio.get_running_loop().create_task(pool.aclose())
-        http = self._pools[name] = HttpPool(endpoint.url, window + 16)
-        probe = self._pools[f"{name}/probe"] = HttpPool(endpoint.url, 2)
+        token = endpoint.token
+        http = self._pools[name] = HttpPool(endpoint.url, window + 16, token=token)
+        probe = self._pools[f"{name}/probe"] = HttpPool(endpoint.url, 2, token=token)
         timeout = self.config.step_timeout_s
         self._clients[name] = WorkerClient(endpoint, http, step_timeout_s=timeout)
         self._probes[name] = WorkerClient(endpoint, probe)

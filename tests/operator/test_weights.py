@@ -74,7 +74,15 @@ def test_heddle_run_resolves_a_relative_checkpoint_against_the_job_file(tmp_path
 
 
 def _versions(workers: list[WorkerEndpoint]) -> list[str | None]:
-    return [httpx.get(f"{w.url}/v1/state").json()["weight_version"] for w in workers]
+    return [
+        httpx.get(f"{w.url}/v1/state", headers=_bearer(w)).json()["weight_version"]
+        for w in workers
+    ]
+
+
+def _bearer(worker: WorkerEndpoint) -> dict[str, str]:
+    """The local pool's token: its workers answer no one else."""
+    return {"Authorization": f"Bearer {worker.token}"}
 
 
 def test_every_worker_serves_the_version_before_a_step_and_records_carry_it(
@@ -112,7 +120,7 @@ def test_a_worker_restarted_mid_run_is_brought_back_to_the_version(
 
     async def version_of(worker: WorkerEndpoint) -> str | None:
         async with httpx.AsyncClient() as http:
-            state = (await http.get(f"{worker.url}/v1/state")).json()
+            state = (await http.get(f"{worker.url}/v1/state", headers=_bearer(worker))).json()
             return state["weight_version"]  # type: ignore[no-any-return]
 
     async def go() -> None:
