@@ -267,8 +267,8 @@ def _degraded(
             "Degraded", True, "InstanceFailed", f"failed instances {failed} are being replaced"
         )
     if blocked_gpus > 0 and not draining:
-        return condition("Degraded", True, "OverBudget",
-                         f"{blocked_gpus} GPUs of the shape do not fit the budget {pool.gpus}")  # fmt: skip
+        budget = f"{blocked_gpus} GPUs of the shape do not fit the budget {pool.gpus}"
+        return condition("Degraded", True, "OverBudget", budget)
     return condition("Degraded", False, "Healthy", "no failed instances")
 
 

@@ -1,4 +1,4 @@
-"""Each EnginePool's worker token: a Secret the operator creates, the pods read and the session sends.
+"""Each EnginePool's worker token: a Secret the operator makes, pods read, the session sends.
 
 The Secret ``<pool>-worker-token`` holds 32 random bytes (URL-safe base64,
 key ``token``) and is owned by the pool, so it goes when the pool goes. A

@@ -39,9 +39,7 @@ async def _restart(options: LocalWorkerOptions) -> tuple[float, float, LocalPool
     return stopped - started, time.perf_counter() - stopped, new
 
 
-async def _swaps(
-    endpoint: WorkerEndpoint, paths: list[str], rounds: int
-) -> list[dict[str, float]]:
+async def _swaps(endpoint: WorkerEndpoint, paths: list[str], rounds: int) -> list[dict[str, float]]:
     http = HttpPool(endpoint.url, 2, token=endpoint.token)
     client = WorkerClient(endpoint, http)
     results = []

@@ -43,7 +43,7 @@ def _checked(token: str, source: str) -> str:
     if not token.isascii() or not token.isprintable() or " " in token:
         raise ConfigError(
             f"{source} holds characters an HTTP header cannot carry; use printable ASCII "
-            "without spaces (e.g. from: python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+            "without spaces, e.g. what secrets.token_urlsafe(32) makes"
         )
     return token
 

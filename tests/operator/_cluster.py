@@ -15,8 +15,9 @@ podIP, phase Running and the Ready condition, and kills the process when the
 Pod is deleted. The worker container's env is resolved as a kubelet does,
 ``valueFrom.secretKeyRef`` included: a missing Secret or key keeps the Pod
 Pending with the container waiting in ``CreateContainerConfigError`` (the
-kubelet's message) and a Warning Event, and the kubelet tries again each round. It records the GPUs held after every change it observes, so
-tests can assert the budget held at every moment.
+kubelet's message) and a Warning Event, and the kubelet tries again each round.
+It records the GPUs held after every change it observes, so tests can assert
+the budget held at every moment.
 """
 
 from __future__ import annotations
@@ -117,8 +118,10 @@ class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
             action = str(getattr(request.action, "value", request.action)).lower()
             plural = request.resource.plural
             rv = str(next(self._rv))
-            if action == "create" and plural in self.forbid_create and (
-                ADMIN_HEADER.lower() not in {k.lower() for k in request.headers}
+            if (
+                action == "create"
+                and plural in self.forbid_create
+                and (ADMIN_HEADER.lower() not in {k.lower() for k in request.headers})
             ):
                 raise kmock.KubernetesError(
                     status=403,
@@ -351,7 +354,10 @@ class Kubelet:
             if ref["key"] not in data:
                 if ref.get("optional"):
                     continue
-                return env, f"couldn't find key {ref['key']} in Secret {self.namespace}/{ref['name']}"
+                return (
+                    env,
+                    f"couldn't find key {ref['key']} in Secret {self.namespace}/{ref['name']}",
+                )
             env[entry["name"]] = base64.b64decode(data[ref["key"]]).decode()
         return env, None
 

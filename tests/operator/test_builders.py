@@ -206,10 +206,15 @@ def test_a_template_change_rolls_the_workers() -> None:
         ({"spec": {"containers": [{"image": "x"}]}}, "needs a name"),
         ({"kind": "Pod"}, "must be a pod template"),
         (
-            {"spec": {"containers": [{"name": "worker", "env": [
-                {"name": "HEDDLE_WORKER_TOKEN", "value": "x"}]}]}},
+            {
+                "spec": {
+                    "containers": [
+                        {"name": "worker", "env": [{"name": "HEDDLE_WORKER_TOKEN", "value": "x"}]}
+                    ]
+                }
+            },
             "HEDDLE_WORKER_TOKEN of the worker container is set by the operator",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_a_template_that_sets_what_the_operator_owns_is_refused(

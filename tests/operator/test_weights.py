@@ -75,8 +75,7 @@ def test_heddle_run_resolves_a_relative_checkpoint_against_the_job_file(tmp_path
 
 def _versions(workers: list[WorkerEndpoint]) -> list[str | None]:
     return [
-        httpx.get(f"{w.url}/v1/state", headers=_bearer(w)).json()["weight_version"]
-        for w in workers
+        httpx.get(f"{w.url}/v1/state", headers=_bearer(w)).json()["weight_version"] for w in workers
     ]
 
 

@@ -72,7 +72,11 @@ async def test_the_pool_gets_a_secret_its_workers_demand_and_the_job_sends_it(
 
         async def finished() -> dict[str, Any] | None:
             got = await c.get("rolloutjobs", "j")
-            return got if (got or {}).get("status", {}).get("phase") in ("Succeeded", "Failed") else None
+            return (
+                got
+                if (got or {}).get("status", {}).get("phase") in ("Succeeded", "Failed")
+                else None
+            )
 
         done = await wait_for(finished, 180, "job j finished")
         assert done["status"]["phase"] == "Succeeded", done["status"]
@@ -100,8 +104,9 @@ async def test_a_pod_whose_secret_is_missing_is_reported_until_an_admin_provides
         assert cond["reason"] == "WorkerTokenMissing"
         assert "cannot create Secret p-worker-token" in cond["message"]
         assert "forbidden" in cond["message"]
-        assert 'p-tp1-0: secret "p-worker-token" not found (CreateContainerConfigError)' in (
-            cond["message"]
+        assert (
+            'p-tp1-0: secret "p-worker-token" not found (CreateContainerConfigError)'
+            in (cond["message"])
         )
         pod = await c.get("pods", "p-tp1-0")
         assert pod is not None

@@ -366,7 +366,9 @@ def test_worker_network_policy_admits_only_the_operator_and_the_named_scrapers()
         ]
     # Without scrapers, only the operator's rule; turned off, none; cluster-wide with no
     # namespaces listed, none (the chart cannot know where pools will be).
-    (plain,) = [p for p in _worker_policies("watchNamespaces") if p["metadata"]["namespace"] == "rl"]
+    (plain,) = [
+        p for p in _worker_policies("watchNamespaces") if p["metadata"]["namespace"] == "rl"
+    ]
     assert len(plain["spec"]["ingress"]) == 1
     assert _worker_policies("no-workerNetworkPolicy") == []
     assert _worker_policies("defaults") == []

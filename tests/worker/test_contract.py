@@ -40,9 +40,10 @@ def test_every_answer_matches_the_schema(mode: GenerationMode, tmp_path: Path) -
     # check also sends each request without it and expects the documented 401.
     (tmp_path / "token").write_text(TOKEN)
     token_file = str(tmp_path / "token")
-    with sim_worker(
-        "--time-scale", "0", "--max-model-len", "4096", "--token-file", token_file
-    ) as (_, url):
+    with sim_worker("--time-scale", "0", "--max-model-len", "4096", "--token-file", token_file) as (
+        _,
+        url,
+    ):
         schema = schemathesis.openapi.from_url(f"{url}/openapi.json", headers=AUTH)
         started = time.monotonic()
         operations = [result.ok() for result in schema.get_all_operations()]
@@ -62,9 +63,7 @@ def test_every_answer_matches_the_schema(mode: GenerationMode, tmp_path: Path) -
                 database=None,
             )
             def check(case: Any) -> None:
-                case.call_and_validate(
-                    base_url=url, headers=AUTH, excluded_checks=NOT_APPLICABLE
-                )
+                case.call_and_validate(base_url=url, headers=AUTH, excluded_checks=NOT_APPLICABLE)
 
             check()
         assert time.monotonic() - started < BUDGET_S, "the contract run outgrew its budget"
