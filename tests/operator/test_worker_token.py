@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+
+from heddle.exceptions import WorkerUnavailableError
+from heddle.operator._client import WorkerClient, WorkerEndpoint
+from heddle.operator._http import HttpPool
 
 from ._cluster import ADMIN_HEADER
 from ._operator_fixture import Cluster, cluster, job, pool, wait_for
@@ -133,6 +138,14 @@ async def test_a_pod_whose_secret_is_missing_is_reported_until_an_admin_provides
         assert httpx.get(f"{endpoint}/v1/state", headers=bearer, timeout=5).status_code == 200
 
 
+async def _state(endpoint: WorkerEndpoint) -> dict[str, Any]:
+    http = HttpPool(endpoint.url, 2, token=endpoint.token)
+    try:
+        return await WorkerClient(endpoint, http).state()
+    finally:
+        await http.aclose()
+
+
 def test_heddle_run_gives_its_workers_a_token_of_its_own(tmp_path: Path) -> None:
     pool_a, workers_a = start_pool([1], tmp_path / "a")
     pool_b, workers_b = start_pool([1], tmp_path / "b")
@@ -146,6 +159,13 @@ def test_heddle_run_gives_its_workers_a_token_of_its_own(tmp_path: Path) -> None
         assert httpx.get(f"{a.url}/v1/state", headers=other, timeout=5).status_code == 401
         own = {"Authorization": f"Bearer {a.token}"}
         assert httpx.get(f"{a.url}/v1/state", headers=own, timeout=5).status_code == 200
+        # The session's client: its own token serves; another's is the worker's refusal,
+        # not the request's fault, so the step may go to another worker.
+        assert asyncio.run(_state(a)).get("engine") == "sim"
+        with pytest.raises(WorkerUnavailableError) as refused:
+            asyncio.run(_state(dataclasses.replace(a, token=b.token)))
+        assert refused.value.status == 401
+        assert "the session's token is not this worker's" in str(refused.value)
     finally:
         asyncio.run(pool_a.stop())
         asyncio.run(pool_b.stop())
