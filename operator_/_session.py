@@ -193,7 +193,9 @@ class RolloutSession:
 
     # -- pool changes (the operator calls these as pods come and go) ---------------------
     def add_worker(self, endpoint: WorkerEndpoint) -> None:
-        self._refused.discard(endpoint.name)  # a new endpoint, perhaps a new token: try it
+        # A new endpoint, perhaps with a new token: try it again.
+        self._refused.discard(endpoint.name)
+        self.weights.refused.discard(endpoint.name)
         self._endpoints[endpoint.name] = endpoint
         self._load.setdefault(endpoint.name, 0)
         self._inflight.setdefault(endpoint.name, set())
@@ -725,6 +727,7 @@ class RolloutSession:
                     if (
                         name not in self._live
                         and name not in self._refused
+                        and name not in self.weights.refused
                         and not self.weights.loading(name)
                     ):
                         log.info("%s: worker %s is ready again", self.job, name)
