@@ -17,6 +17,7 @@ from heddle.scheduler import PoolShape
 
 from ._manifests import EnginePoolSpec
 from ._pod_template import apply_pod_template
+from ._tokens import token_env
 
 __all__ = [
     "DRAINING",
@@ -48,9 +49,11 @@ def now_iso() -> str:
     return dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
-def spec_hash(pool: EnginePoolSpec) -> str:
-    """What a pod must be rebuilt for: image, model, vLLM args, pod knobs (not the shape)."""
+def spec_hash(pool: EnginePoolSpec, token_digest: str = "") -> str:
+    """What a pod must be rebuilt for: image, model, vLLM args, pod knobs, the pool's token
+    (its digest: a new token replaces the instances), not the shape."""
     material = {
+        "token": token_digest,
         "image": pool.image,
         "model": pool.model,
         "vllm": [pool.vllm.max_model_len, pool.vllm.gpu_memory_utilization, *pool.vllm.extra_args],
@@ -77,9 +80,17 @@ def _owner(pool_body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def worker_pod(
-    pool: EnginePoolSpec, pool_body: Mapping[str, Any], name: str, tp: int
+    pool: EnginePoolSpec,
+    pool_body: Mapping[str, Any],
+    name: str,
+    tp: int,
+    token_digest: str = "",
 ) -> dict[str, Any]:
-    """One engine instance: the worker image serving the model at ``tp`` GPUs."""
+    """One engine instance: the worker image serving the model at ``tp`` GPUs.
+
+    Its token comes from the pool's Secret (:mod:`._tokens`); ``token_digest`` only
+    marks which token the pod was made with.
+    """
     resources = dict(pool.pod.get("resources") or {})  # requests == limits (manifest check)
     requests = {**(resources.get("requests") or {}), GPU: str(tp)}
     limits = {**(resources.get("limits") or {}), GPU: str(tp)}
@@ -97,6 +108,7 @@ def worker_pod(
         "command": command,
         "args": [f"--vllm-arg={a}" for a in pool.vllm.extra_args],
         "ports": [{"name": "http", "containerPort": WORKER_PORT}],
+        "env": [token_env(pool.name)],
         "resources": {**resources, "requests": requests, "limits": limits},
         "readinessProbe": probe,
         "startupProbe": {**probe, "failureThreshold": 120},  # weight loading takes minutes
@@ -140,7 +152,7 @@ def worker_pod(
                 LABEL_TP: str(tp),
                 "app.kubernetes.io/name": "heddle-worker",
             },
-            "annotations": {SPEC_HASH: spec_hash(pool)},
+            "annotations": {SPEC_HASH: spec_hash(pool, token_digest)},
             "ownerReferences": [_owner(pool_body)],
         },
         "spec": spec,

@@ -236,11 +236,12 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     import logging
 
     from heddle.exceptions import ConfigError
-    from heddle.worker import SimulatedEngine, serve
+    from heddle.worker import SimulatedEngine, read_token, serve
 
     from ._presets import load_cluster
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    token = read_token(args.token_file)  # before the engine: a bad token costs no model load
     limits: dict[str, int] = {}
     if args.max_body_mib is not None:
         if args.max_body_mib <= 0:
@@ -266,7 +267,14 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                 engine_args=tuple(parse_engine_arg(a) for a in args.vllm_arg),
             )
         )
-        serve(vllm_engine, host=args.host, port=args.port, grace_s=args.grace, **limits)
+        serve(
+            vllm_engine,
+            host=args.host,
+            port=args.port,
+            grace_s=args.grace,
+            token=token,
+            **limits,
+        )
         return 0
     perf = load_cluster(args.cluster).perf_model()
     if perf.kv_capacity_tokens(args.tp) <= 0:
@@ -280,7 +288,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         seed=args.seed,
         scripted_replies=args.scripted_replies,
     )
-    serve(engine, host=args.host, port=args.port, grace_s=args.grace, **limits)
+    serve(engine, host=args.host, port=args.port, grace_s=args.grace, token=token, **limits)
     return 0
 
 
@@ -414,6 +422,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,  # the worker's own default (heddle.worker MAX_BODY_BYTES)
         help="largest request body in MiB; larger ones get 413 (docs/worker-api.md)",
+    )
+    p_worker.add_argument(
+        "--token-file",
+        default=None,
+        metavar="PATH",
+        help="a file holding the token every call but /healthz, /readyz and /metrics must "
+        "carry (Authorization: Bearer); wins over $HEDDLE_WORKER_TOKEN (docs/worker-api.md)",
     )
     p_worker.set_defaults(func=_cmd_worker)
 

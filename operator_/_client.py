@@ -1,7 +1,8 @@
 """An async client of one worker's HTTP API (docs/worker-api.md).
 
 Failures come back as two exceptions: :class:`WorkerUnavailableError` (no
-connection, timeout, 5xx: the step can run elsewhere) and
+connection, timeout, 5xx, 401 (this worker holds another token): the step can
+run elsewhere) and
 :class:`WorkerRejectedError` (4xx: the request itself is at fault).
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from heddle.exceptions import WorkerRejectedError, WorkerUnavailableError
@@ -27,6 +28,8 @@ class WorkerEndpoint:
     name: str
     url: str  # http://host:port
     tp: int = 1
+    # The pool's token (docs/worker-api.md#authentication); kept out of reprs and logs.
+    token: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,15 @@ class WorkerClient:
             ) from None
         except HttpError as exc:
             raise WorkerUnavailableError(self.name, str(exc)) from None
+        if status == 401:
+            # Not the request's fault: this worker holds another token (its pod predates a
+            # new Secret) or none we know. Another worker may take the step.
+            raise WorkerUnavailableError(
+                self.name,
+                f"{method} {path}: {_error(status, reply)} (the session's token is not this "
+                "worker's: was the pool's Secret made again? its instances are being replaced)",
+                status,
+            )
         if status >= 500:
             raise WorkerUnavailableError(
                 self.name, f"{method} {path}: {_error(status, reply)}", status

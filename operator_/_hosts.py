@@ -21,6 +21,8 @@ from ._manifests import RolloutJobSpec
 __all__ = ["ALLOWED_HOSTS_ENV", "HostAllowList", "check_tool_hosts"]
 
 ALLOWED_HOSTS_ENV = "HEDDLE_TOOL_ALLOWED_HOSTS"
+# Where an admin sets the list, for the sentence a refused job gets.
+_SETTING = f"{ALLOWED_HOSTS_ENV}; with the Helm chart, operator.toolAllowedHosts"
 
 _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _NAME = re.compile(
@@ -79,6 +81,13 @@ class HostAllowList:
         return any(address in network for network in self.networks)
 
 
+def _shown(url: str) -> str:
+    """The URL as a refusal may print it: without user:password@, never the query."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return f"{parts.scheme}://{host}{parts.path}"
+
+
 def check_tool_hosts(job: RolloutJobSpec, allowed: HostAllowList | None) -> None:
     """Raise :class:`ManifestError` for the first tool endpoint outside ``allowed``."""
     tools = job.environment.tools
@@ -87,9 +96,9 @@ def check_tool_hosts(job: RolloutJobSpec, allowed: HostAllowList | None) -> None
         host = urlsplit(reward.url).hostname or ""
         if not allowed.allows(host):
             raise ManifestError(
-                f"RolloutJob {job.name!r} spec.environment.reward.url: host {host!r} is not "
-                f"among the hosts this operator lets tools reach ({ALLOWED_HOSTS_ENV}); use "
-                "an allowed host or ask the admin to add it"
+                f"RolloutJob {job.name!r} spec.environment.reward.url {_shown(reward.url)}: host "
+                f"{host!r} is not among the hosts this operator lets tools reach ({_SETTING}); "
+                "use an allowed host or ask the admin to add it"
             )
     if allowed is None or tools is None:
         return
@@ -97,7 +106,7 @@ def check_tool_hosts(job: RolloutJobSpec, allowed: HostAllowList | None) -> None
         host = urlsplit(endpoint.url).hostname or ""
         if not allowed.allows(host):
             raise ManifestError(
-                f"RolloutJob {job.name!r} spec.environment.tools.endpoints[{i}].url: host "
-                f"{host!r} is not among the hosts this operator lets tools reach "
-                f"({ALLOWED_HOSTS_ENV}); use an allowed tool host or ask the admin to add it"
+                f"RolloutJob {job.name!r} spec.environment.tools.endpoints[{i}].url "
+                f"{_shown(endpoint.url)}: host {host!r} is not among the hosts this operator lets "
+                f"tools reach ({_SETTING}); use an allowed tool host or ask the admin to add it"
             )

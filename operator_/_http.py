@@ -38,14 +38,20 @@ class _Connection:
 
 
 class HttpPool:
-    """Keep-alive connections to one ``http://host:port``, at most ``max_connections``."""
+    """Keep-alive connections to one ``http://host:port``, at most ``max_connections``.
 
-    def __init__(self, base_url: str, max_connections: int = 64) -> None:
+    With ``token``, every request carries ``Authorization: Bearer <token>``.
+    """
+
+    def __init__(
+        self, base_url: str, max_connections: int = 64, *, token: str | None = None
+    ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"worker URL {base_url!r} must be http://host:port")
         self.host = parts.hostname
         self.port = parts.port or 80
+        self._auth = f"Authorization: Bearer {token}" if token else None
         self.max_connections = max_connections
         self._idle: list[_Connection] = []
         self._open = 0
@@ -117,6 +123,8 @@ class HttpPool:
         self, conn: _Connection, method: str, path: str, body: bytes | None
     ) -> tuple[int, bytes, bool]:
         head = [f"{method} {path} HTTP/1.1", f"Host: {self.host}:{self.port}"]
+        if self._auth is not None:
+            head.append(self._auth)
         if body is not None:
             head += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
         elif method in ("POST", "PUT"):

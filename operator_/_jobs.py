@@ -34,6 +34,7 @@ from ._progress import Progress, SessionMetrics
 from ._run import LocalJob, build_environment, job_workload, perf_model_for, plan_pool
 from ._session import RolloutSession, SessionConfig
 from ._tasks import TaskSet, read_tasks
+from ._tokens import read_worker_token
 
 __all__ = ["JobContext", "run_job"]
 
@@ -190,12 +191,18 @@ async def _tasks(ctx: JobContext, job: RolloutJobSpec, files: _Files) -> TaskSet
     return TaskSet([], [])
 
 
-def _ready_workers(pool_body: Mapping[str, Any]) -> dict[str, WorkerEndpoint]:
+def _ready_workers(
+    pool_body: Mapping[str, Any], token: str | None = None
+) -> dict[str, WorkerEndpoint]:
     return {
-        i["name"]: WorkerEndpoint(i["name"], i["endpoint"], int(i["tp"]))
+        i["name"]: WorkerEndpoint(i["name"], i["endpoint"], int(i["tp"]), token)
         for i in (pool_body.get("status") or {}).get("instances", [])
         if i.get("phase") == "Ready" and i.get("endpoint")
     }
+
+
+async def _token(ctx: JobContext, job: RolloutJobSpec) -> str | None:
+    return await read_worker_token(ctx.kube, job.namespace, job.engine_pool)
 
 
 def _draining(pool_body: Mapping[str, Any]) -> set[str]:
@@ -301,7 +308,9 @@ async def _run_session(
         plan = await asyncio.to_thread(plan_pool, local, perf)  # mini-simulations
         runtime.planned = plan.shape
         policy, in_flight = plan.policy, plan.max_trajectories_in_flight
-    workers = _ready_workers(pool_body)
+    # The pool's token, read again at every sync: a new one (the Secret made again)
+    # reaches the instances started with it.
+    workers = _ready_workers(pool_body, await _token(ctx, job))
     session = RolloutSession(
         job=job.name,
         tasks=local.tasks.tasks,
@@ -383,7 +392,7 @@ async def _sync_workers(
     pool_body = await ctx.kube.get(ENGINEPOOLS, job.namespace, job.engine_pool)
     if pool_body is None:
         return
-    ready = _ready_workers(pool_body)
+    ready = _ready_workers(pool_body, await _token(ctx, job))
     draining = _draining(pool_body)
     for name, endpoint in ready.items():
         if known.get(name) != endpoint:

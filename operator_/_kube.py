@@ -50,6 +50,7 @@ PODS = Resource("", "v1", "pods")
 SERVICES = Resource("", "v1", "services")
 CONFIGMAPS = Resource("", "v1", "configmaps")
 EVENTS = Resource("", "v1", "events")
+SECRETS = Resource("", "v1", "secrets")
 ENGINEPOOLS = Resource("heddle.dev", "v1alpha1", "enginepools")
 ROLLOUTJOBS = Resource("heddle.dev", "v1alpha1", "rolloutjobs")
 

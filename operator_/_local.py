@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -25,7 +26,7 @@ from typing import IO
 import httpx
 
 from heddle.exceptions import HeddleError
-from heddle.worker import THREADS_BIND, vllm_cpu_env
+from heddle.worker import THREADS_BIND, TOKEN_ENV, vllm_cpu_env
 
 from ._client import WorkerEndpoint
 
@@ -87,6 +88,9 @@ class LocalPool:
         self.tps = tps
         self.options = options
         self.procs: dict[str, _Proc] = {}
+        # One token per run: other users of the host cannot drive these workers. It goes in
+        # the environment, which only this user can read (/proc/PID/environ), never in argv.
+        self.token = secrets.token_urlsafe(32)
 
     def _command(self, tp: int, port: int) -> list[str]:
         o = self.options
@@ -112,6 +116,7 @@ class LocalPool:
         inherited = {k: v for k, v in os.environ.items() if k != THREADS_BIND}
         env = vllm_cpu_env(cores, inherited)
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the log files stay readable
+        env[TOKEN_ENV] = self.token
         o.log_dir.mkdir(parents=True, exist_ok=True)
         log = (o.log_dir / f"{name}.log").open("ab")
         command = self._command(tp, port)
@@ -123,7 +128,7 @@ class LocalPool:
             start_new_session=True,
             preexec_fn=die_with_parent,  # noqa: PLW1509 - no threads fork-unsafe here
         )
-        endpoint = WorkerEndpoint(name, f"http://{o.host}:{port}", tp)
+        endpoint = WorkerEndpoint(name, f"http://{o.host}:{port}", tp, self.token)
         return _Proc(endpoint, process, log, command, env)
 
     async def start(self) -> list[WorkerEndpoint]:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from heddle.exceptions import ManifestError
+from heddle.worker import TOKEN_ENV
 
 __all__ = [
     "WORKER_CONTAINER",
@@ -75,6 +76,13 @@ def check_pod_template(raw: Any, where: str) -> dict[str, Any]:
             raise ManifestError(f"{where}.spec.containers[{i}] needs a name")
         if c["name"] != WORKER_CONTAINER:
             continue  # a sidecar: the cluster's own business
+        env = c.get("env") or []
+        if any(isinstance(e, Mapping) and e.get("name") == TOKEN_ENV for e in env):
+            raise ManifestError(
+                f"{where}.spec.containers[{i}].env: {TOKEN_ENV} of the worker container is set "
+                "by the operator from the Secret <pool>-worker-token; remove it (to choose the "
+                "token, write that Secret yourself)"
+            )
         owned = [k for k in OWNED_CONTAINER_FIELDS if k in c]
         if owned:
             hint = " (use spec.resources)" if owned[0] == "resources" else ""

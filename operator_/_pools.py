@@ -34,6 +34,7 @@ from ._builders import (
 from ._kube import ENGINEPOOLS, PODS, SERVICES, ApiError, KubeClient
 from ._manifests import EnginePoolSpec
 from ._reconcile import PodView, plan_pool
+from ._tokens import ensure_worker_token, token_digest
 
 __all__ = ["PoolRuntime", "baseline_shape", "reconcile_pool"]
 
@@ -113,8 +114,10 @@ async def reconcile_pool(
         )  # fmt: skip
         return
     desired, source = desired_shape(pool, runtime)
+    token = await ensure_worker_token(kube, body)
+    digest = token_digest(token.token)
     pods = await kube.list(PODS, namespace, {LABEL_POOL: name})
-    views = _views(pods, spec_hash(pool))
+    views = _views(pods, spec_hash(pool, digest))
     now = time.time()
     drained = set()
     for pod, view in zip(pods, views, strict=True):
@@ -142,7 +145,7 @@ async def reconcile_pool(
         await kube.event(body, "Deleted", f"deleted instance {pod_name}")
     for pod_name, tp in actions.create:
         try:
-            await kube.create(PODS, namespace, worker_pod(pool, body, pod_name, tp))
+            await kube.create(PODS, namespace, worker_pod(pool, body, pod_name, tp, digest))
         except ApiError as exc:
             if exc.status != 409:
                 raise
@@ -156,8 +159,9 @@ async def reconcile_pool(
             if exc.status != 409:
                 raise
     await _write_status(
-        kube, body, runtime, pool, desired, source, pods, views, actions.blocked_gpus
-    )
+        kube, body, runtime, pool, desired, source, pods, views, actions.blocked_gpus,
+        token.problem,
+    )  # fmt: skip
 
 
 async def _write_status(
@@ -170,6 +174,7 @@ async def _write_status(
     pods: Sequence[Mapping[str, Any]],
     views: list[PodView],
     blocked_gpus: int,
+    token_problem: str | None = None,
 ) -> None:
     ready = PoolShape.of(Counter(v.tp for v in views if v.phase == "Ready"))
     versions = runtime.weight_versions  # what sessions loaded (RolloutJob spec.weights)
@@ -187,6 +192,7 @@ async def _write_status(
     all_ready = ready == desired and complete
     draining = [v.name for v in views if v.draining or v.terminating]
     failed = [v.name for v in views if v.phase == "Failed"]
+    stuck = [f"{v.name}: {why}" for p, v in zip(pods, views, strict=True) if (why := _stuck(p))]
     reshaping = not complete or bool(draining)
     updates = [
         condition(
@@ -201,16 +207,8 @@ async def _write_status(
             "ShapeChanging" if reshaping else "ShapeReached",
             f"towards {desired} ({source}); draining {draining}" if reshaping else str(desired),
         ),
-        condition(
-            "Degraded",
-            bool(failed) or (blocked_gpus > 0 and not draining),
-            "InstanceFailed" if failed else ("OverBudget" if blocked_gpus else "Healthy"),
-            f"failed instances {failed} are being replaced" if failed else (
-                f"{blocked_gpus} GPUs of the shape do not fit the budget {pool.gpus}"
-                if blocked_gpus else "no failed instances"
-            ),
-        ),
-    ]  # fmt: skip
+        _degraded(pool, failed, stuck, blocked_gpus, bool(draining), token_problem),
+    ]
     status = {
         "observedGeneration": body["metadata"].get("generation"),
         "shape": {
@@ -231,6 +229,47 @@ async def _write_status(
     )
     await _patch_status(kube, body, runtime, status)
     runtime.last_status = comparable
+
+
+# Waiting reasons of a container that cannot start until someone fixes its config
+# (kubelet's names): the instance would sit in Pending without a word otherwise.
+_CONFIG_ERRORS = ("CreateContainerConfigError", "CreateContainerError", "InvalidImageName")
+
+
+def _stuck(pod: Mapping[str, Any]) -> str | None:
+    """Why a pod's worker container cannot start, as the kubelet reported it, or None."""
+    for c in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (c.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in _CONFIG_ERRORS:
+            return f"{waiting.get('message') or 'no message'} ({waiting['reason']})"
+    return None
+
+
+def _degraded(
+    pool: EnginePoolSpec,
+    failed: list[str],
+    stuck: list[str],
+    blocked_gpus: int,
+    draining: bool,
+    token_problem: str | None,
+) -> dict[str, str]:
+    cannot_start = (
+        f"instances cannot start: {'; '.join(stuck)}; fix what the kubelet names "
+        "(kubectl describe pod shows the same)"
+    )
+    if token_problem is not None:
+        message = f"{token_problem}; {cannot_start}" if stuck else token_problem
+        return condition("Degraded", True, "WorkerTokenMissing", message)
+    if stuck:
+        return condition("Degraded", True, "InstanceCannotStart", cannot_start)
+    if failed:
+        return condition(
+            "Degraded", True, "InstanceFailed", f"failed instances {failed} are being replaced"
+        )
+    if blocked_gpus > 0 and not draining:
+        budget = f"{blocked_gpus} GPUs of the shape do not fit the budget {pool.gpus}"
+        return condition("Degraded", True, "OverBudget", budget)
+    return condition("Degraded", False, "Healthy", "no failed instances")
 
 
 async def _patch_status(

@@ -158,6 +158,8 @@ class RolloutSession:
         self._live: set[str] = set(self._endpoints) if weights is None else set()
         self._draining: set[str] = set()
         self._strikes: dict[str, int] = {}
+        # Workers that answered 401 (another token): down until the pool gives a new endpoint.
+        self._refused: set[str] = set()
         self._load: dict[str, int] = dict.fromkeys(self._endpoints, 0)
         self._inflight: dict[str, set[asyncio.Task[StepReply]]] = {
             n: set() for n in self._endpoints
@@ -191,6 +193,9 @@ class RolloutSession:
 
     # -- pool changes (the operator calls these as pods come and go) ---------------------
     def add_worker(self, endpoint: WorkerEndpoint) -> None:
+        # A new endpoint, perhaps with a new token: try it again.
+        self._refused.discard(endpoint.name)
+        self.weights.refused.discard(endpoint.name)
         self._endpoints[endpoint.name] = endpoint
         self._load.setdefault(endpoint.name, 0)
         self._inflight.setdefault(endpoint.name, set())
@@ -216,8 +221,9 @@ class RolloutSession:
         for pool in (self._pools.pop(name, None), self._pools.pop(f"{name}/probe", None)):
             if pool is not None:
                 asyncio.get_running_loop().create_task(pool.aclose())
-        http = self._pools[name] = HttpPool(endpoint.url, window + 16)
-        probe = self._pools[f"{name}/probe"] = HttpPool(endpoint.url, 2)
+        token = endpoint.token
+        http = self._pools[name] = HttpPool(endpoint.url, window + 16, token=token)
+        probe = self._pools[f"{name}/probe"] = HttpPool(endpoint.url, 2, token=token)
         timeout = self.config.step_timeout_s
         self._clients[name] = WorkerClient(endpoint, http, step_timeout_s=timeout)
         self._probes[name] = WorkerClient(endpoint, probe)
@@ -492,7 +498,12 @@ class RolloutSession:
             except WorkerUnavailableError as exc:
                 run.resident = None  # the worker may hold half a step: rebuild the context
                 run.retries += 1
-                if not step.cancelled() and await self._probes[name].ready(timeout=5.0):
+                if exc.status == 401:
+                    # Its /readyz is open, so it would look healthy: keep it down until the
+                    # pool hands over its endpoint again (a new pod, a new token).
+                    self._refused.add(name)
+                    self._mark_down(name, str(exc))
+                elif not step.cancelled() and await self._probes[name].ready(timeout=5.0):
                     failures += 1  # the worker is fine: the request may be what fails
                     if failures > self.config.max_step_retries:
                         raise StepFailedError(
@@ -713,7 +724,12 @@ class RolloutSession:
             for name, ok in zip(names, answers, strict=True):
                 if ok:
                     self._strikes[name] = 0
-                    if name not in self._live and not self.weights.loading(name):
+                    if (
+                        name not in self._live
+                        and name not in self._refused
+                        and name not in self.weights.refused
+                        and not self.weights.loading(name)
+                    ):
                         log.info("%s: worker %s is ready again", self.job, name)
                         self._admit(name)
                     continue

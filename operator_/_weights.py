@@ -44,6 +44,9 @@ class WeightsKeeper:
             self.ready.set()
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._pending: set[str] = set()
+        # Workers that refused the session's token (401): not asked again until the
+        # session gets a new endpoint for them (RolloutSession.add_worker clears it).
+        self.refused: set[str] = set()
 
     def loading(self, name: str) -> bool:
         """Whether a load on ``name`` is queued or under way."""
@@ -92,6 +95,8 @@ class WeightsKeeper:
                 f"spec.weights (path {spec.path}, version {spec.version}) did not load: {exc}"
             ) from exc
         except WorkerUnavailableError as exc:
+            if exc.status == 401:
+                self.refused.add(name)
             log.warning("%s: weights not loaded on %s yet (%s)", self.job, name, exc)
             return
         finally:

@@ -39,9 +39,9 @@ async def _restart(options: LocalWorkerOptions) -> tuple[float, float, LocalPool
     return stopped - started, time.perf_counter() - stopped, new
 
 
-async def _swaps(url: str, paths: list[str], rounds: int) -> list[dict[str, float]]:
-    http = HttpPool(url, 2)
-    client = WorkerClient(WorkerEndpoint("bench", url), http)
+async def _swaps(endpoint: WorkerEndpoint, paths: list[str], rounds: int) -> list[dict[str, float]]:
+    http = HttpPool(endpoint.url, 2, token=endpoint.token)
+    client = WorkerClient(endpoint, http)
     results = []
     try:
         for r in range(rounds):
@@ -68,8 +68,8 @@ async def _run(model: str | None, rounds: int, log_dir: Path) -> dict[str, Any]:
         options = LocalWorkerOptions(engine="vllm", model=paths[0], log_dir=log_dir)
         stop_s, start_s, pool = await _restart(options)
         try:
-            url = next(iter(pool.procs.values())).endpoint.url
-            swaps = await _swaps(url, paths, rounds)
+            endpoint = next(iter(pool.procs.values())).endpoint
+            swaps = await _swaps(endpoint, paths, rounds)
         finally:
             await pool.stop()
     swap_s = statistics.median(s["wall_s"] for s in swaps)

@@ -11,6 +11,7 @@ with synthetic tokens, for scale tests and benchmarks without a model; the
 """
 
 from ._app import WorkerState, create_app
+from ._auth import OPEN_PATHS, TOKEN_ENV, read_token
 from ._body_limit import MAX_BODY_BYTES
 from ._chat import TOOL_PARSERS, tool_schema_error
 from ._engine import Engine, EngineError, EngineStats, ParsedTurn, Sampling, StepOutput
@@ -46,7 +47,9 @@ from ._weights import LoadedWeights
 __all__ = [
     "FIELD_RANGES",
     "MAX_BODY_BYTES",
+    "OPEN_PATHS",
     "THREADS_BIND",
+    "TOKEN_ENV",
     "TOOL_PARSERS",
     "ChatMessage",
     "Check",
@@ -77,6 +80,7 @@ __all__ = [
     "check_vllm_environment",
     "create_app",
     "probe_vllm_import",
+    "read_token",
     "serve",
     "tool_schema_error",
     "vllm_cpu_env",

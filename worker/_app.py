@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException
 
 from heddle.exceptions import CheckpointError, EngineInputError
 
+from ._auth import BearerToken, document_auth
 from ._body_limit import MAX_BODY_BYTES, BodyLimit
 from ._chat import chat_delta
 from ._engine import Engine, EngineError, Sampling, StepOutput
@@ -255,9 +256,16 @@ async def _until_disconnected(request: Request) -> None:
 
 
 def create_app(
-    engine: Engine, *, grace_s: float = 30.0, max_body_bytes: int = MAX_BODY_BYTES
+    engine: Engine,
+    *,
+    grace_s: float = 30.0,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    token: str | None = None,
 ) -> FastAPI:
-    """The worker app; the engine starts with the app and stops with it."""
+    """The worker app; the engine starts with the app and stops with it.
+
+    With ``token``, every route but the probes and /metrics needs it as a bearer token.
+    """
     state = WorkerState(engine, grace_s)
 
     @asynccontextmanager
@@ -276,7 +284,10 @@ def create_app(
     m = state.metrics
 
     app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
+    if token is not None:  # outside the body limit: a caller without the token sends nothing in
+        app.add_middleware(BearerToken, token=token)
     app.add_middleware(_CountRequests, counter=m.requests)
+    document_auth(app)
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:

@@ -57,9 +57,10 @@ def serve(
     port: int,
     grace_s: float = 30.0,
     max_body_bytes: int = MAX_BODY_BYTES,
+    token: str | None = None,
 ) -> None:
-    """Serve ``engine`` until a signal; blocks."""
-    app = create_app(engine, grace_s=grace_s, max_body_bytes=max_body_bytes)
+    """Serve ``engine`` until a signal; blocks. ``token``: see :func:`create_app`."""
+    app = create_app(engine, grace_s=grace_s, max_body_bytes=max_body_bytes, token=token)
     config = uvicorn.Config(
         app, host=host, port=port, log_level="info", timeout_graceful_shutdown=int(grace_s) + 5
     )

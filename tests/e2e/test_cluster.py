@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 import pytest
 
-from heddle.operator._kube import ENGINEPOOLS, PODS, ROLLOUTJOBS, KubeClient
+from heddle.operator._kube import ENGINEPOOLS, PODS, ROLLOUTJOBS, SECRETS, KubeClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 NS = os.environ.get("HEDDLE_E2E_NAMESPACE", "heddle-e2e")
@@ -79,6 +79,17 @@ async def test_pool_ready_and_job_succeeds(kube: KubeClient) -> None:
     await _wait(ready, 1800, "the pool Ready")
     pods = await kube.list(PODS, NS, {"heddle.dev/pool": "e2e-pool"})
     assert len(pods) == 2
+    # The pool's worker token (tests/operator/test_worker_token.py): its Secret, owned by
+    # the pool so the cluster's garbage collector removes it with the pool, read by every pod.
+    pool_obj = await kube.get(ENGINEPOOLS, NS, "e2e-pool")
+    secret = await kube.get(SECRETS, NS, "e2e-pool-worker-token")
+    assert secret is not None and pool_obj is not None
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == pool_obj["metadata"]["uid"]
+    for pod in pods:
+        (env,) = [
+            e for e in pod["spec"]["containers"][0]["env"] if e["name"] == "HEDDLE_WORKER_TOKEN"
+        ]
+        assert env["valueFrom"]["secretKeyRef"] == {"name": "e2e-pool-worker-token", "key": "token"}
     job = {
         "apiVersion": "heddle.dev/v1alpha1",
         "kind": "RolloutJob",

@@ -12,13 +12,18 @@ server would (422 with the schema error or the rule's message).
 real ``heddle worker`` process (simulated engine) for each on its own
 loopback address (127.x.y.2, 127.x.y.3, ... in a random /24 per kubelet) at the worker port, writes
 podIP, phase Running and the Ready condition, and kills the process when the
-Pod is deleted. It records the GPUs held after every change it observes, so
-tests can assert the budget held at every moment.
+Pod is deleted. The worker container's env is resolved as a kubelet does,
+``valueFrom.secretKeyRef`` included: a missing Secret or key keeps the Pod
+Pending with the container waiting in ``CreateContainerConfigError`` (the
+kubelet's message) and a Warning Event, and the kubelet tries again each round.
+It records the GPUs held after every change it observes, so tests can assert
+the budget held at every moment.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import copy
 import datetime as dt
@@ -43,7 +48,8 @@ from heddle.operator._local import die_with_parent
 from ._crd_rules import rule_errors
 
 ROOT = Path(__file__).resolve().parents[2]
-CORE = ("pods", "services", "configmaps", "events")
+ADMIN_HEADER = "X-Test-As-Admin"
+CORE = ("pods", "services", "configmaps", "events", "secrets")
 
 
 def crd_schemas() -> dict[str, dict[str, Any]]:
@@ -71,6 +77,9 @@ class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
+        # Plurals the operator may not create, as with RBAC that lacks the verb (403);
+        # a request with ADMIN_HEADER (a cluster admin's kubectl) still may.
+        self.forbid_create: set[str] = set()
         self._rv = itertools.count(1)
         self._schemas = crd_schemas()
         for path in sorted((ROOT / "crds").glob("*.yaml")):
@@ -109,6 +118,17 @@ class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
             action = str(getattr(request.action, "value", request.action)).lower()
             plural = request.resource.plural
             rv = str(next(self._rv))
+            if (
+                action == "create"
+                and plural in self.forbid_create
+                and (ADMIN_HEADER.lower() not in {k.lower() for k in request.headers})
+            ):
+                raise kmock.KubernetesError(
+                    status=403,
+                    reason="Forbidden",
+                    message=f'{plural} is forbidden: User "system:serviceaccount:heddle:heddle" '
+                    f'cannot create resource "{plural}" in the namespace "{request.namespace}"',
+                )
             if action == "create":
                 meta = request.data.setdefault("metadata", {})
                 if not meta.get("name") and meta.get("generateName"):
@@ -209,6 +229,7 @@ class Kubelet:
     )
     _ips: itertools.count[int] = field(default_factory=lambda: itertools.count(2))
     _task: asyncio.Task[None] | None = None
+    _reported: set[tuple[str, str]] = field(default_factory=set)  # (pod uid, message) evented
 
     async def __aenter__(self) -> Kubelet:
         self._http = httpx.AsyncClient(base_url=self.api, timeout=10)
@@ -277,6 +298,10 @@ class Kubelet:
         if run is None:
             if status.get("phase") in ("Failed", "Succeeded"):
                 return
+            env, problem = await self._env(pod)
+            if problem is not None:
+                await self._config_error(pod, problem)
+                return
             ip = f"{self._subnet}.{next(self._ips)}"
             tp = pod["metadata"]["labels"]["heddle.dev/tp"]
             log = (self.log_dir / f"{name}.log").open("ab")
@@ -284,11 +309,13 @@ class Kubelet:
                 [sys.executable, "-m", "heddle", "worker", "--engine", "sim", "--tp", tp,
                  "--host", ip, "--port", "8000", "--time-scale", str(self.time_scale),
                  "--max-model-len", "65536", "--grace", "1"],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
                 preexec_fn=die_with_parent,  # noqa: PLW1509 - no worker outlives a killed test run
             )  # fmt: skip
             self.running[name] = _Running(ip, process, pod["metadata"].get("uid", ""))
-            await self._status(name, {"phase": "Pending"})
+            await self._status(name, {"phase": "Pending", "containerStatuses": [
+                {"name": "worker", "ready": False, "state": {"running": {}}},
+            ]})  # fmt: skip
             return
         if run.process.poll() is not None:
             if status.get("phase") != "Failed":
@@ -304,6 +331,54 @@ class Kubelet:
             await self._status(name, {
                 "phase": "Running", "podIP": run.ip,
                 "conditions": [{"type": "Ready", "status": "True"}],
+            })  # fmt: skip
+
+    async def _env(self, pod: dict[str, Any]) -> tuple[dict[str, str], str | None]:
+        """The worker container's environment, or the kubelet's message for what is missing."""
+        env = dict(os.environ)
+        for entry in pod["spec"]["containers"][0].get("env") or []:
+            if "value" in entry:
+                env[entry["name"]] = str(entry["value"])
+            ref = (entry.get("valueFrom") or {}).get("secretKeyRef")
+            if ref is None:
+                continue  # other sources (fieldRef, configMapKeyRef) are not needed here
+            reply = await self._http.get(
+                f"/api/v1/namespaces/{self.namespace}/secrets/{ref['name']}"
+            )
+            if reply.status_code == 404:
+                if ref.get("optional"):
+                    continue
+                return env, f'secret "{ref["name"]}" not found'
+            reply.raise_for_status()
+            data = reply.json().get("data") or {}
+            if ref["key"] not in data:
+                if ref.get("optional"):
+                    continue
+                return (
+                    env,
+                    f"couldn't find key {ref['key']} in Secret {self.namespace}/{ref['name']}",
+                )
+            env[entry["name"]] = base64.b64decode(data[ref["key"]]).decode()
+        return env, None
+
+    async def _config_error(self, pod: dict[str, Any], problem: str) -> None:
+        """What a kubelet reports for a container it cannot configure: waiting, and an Event."""
+        name, uid = pod["metadata"]["name"], pod["metadata"].get("uid", "")
+        waiting = {"reason": "CreateContainerConfigError", "message": problem}
+        statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
+        if (statuses[0].get("state") or {}).get("waiting") != waiting:
+            await self._status(name, {"phase": "Pending", "containerStatuses": [
+                {"name": "worker", "ready": False, "state": {"waiting": waiting}},
+            ]})  # fmt: skip
+        if (uid, problem) not in self._reported:
+            self._reported.add((uid, problem))
+            await self._http.post(f"/api/v1/namespaces/{self.namespace}/events", json={
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": f"{name}.", "namespace": self.namespace},
+                "involvedObject": {"kind": "Pod", "name": name, "namespace": self.namespace,
+                                   "uid": uid, "apiVersion": "v1"},
+                "reason": "Failed", "type": "Warning", "message": f"Error: {problem}",
+                "source": {"component": "kubelet"},
             })  # fmt: skip
 
     async def _status(self, name: str, status: dict[str, Any]) -> None:

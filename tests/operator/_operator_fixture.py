@@ -34,7 +34,7 @@ FAST = OperatorConfig(
 def path(plural: str, name: str | None = None, sub: str | None = None) -> str:
     base = (
         "/api/v1"
-        if plural in ("pods", "services", "configmaps", "events")
+        if plural in ("pods", "services", "configmaps", "events", "secrets")
         else "/apis/heddle.dev/v1alpha1"
     )
     out = f"{base}/namespaces/{NS}/{plural}"
@@ -49,12 +49,14 @@ class Cluster:
     tmp: Path
     operator: asyncio.Task[None] | None = None
     stop: asyncio.Event | None = None
+    api: ApiServer | None = None  # the server itself: tests change its rules (forbid_create)
 
     async def apply(self, obj: dict[str, Any]) -> httpx.Response:
         plural = {
             "EnginePool": "enginepools",
             "RolloutJob": "rolloutjobs",
             "ConfigMap": "configmaps",
+            "Secret": "secrets",
         }[obj["kind"]]
         return await self.http.post(path(plural), json=obj)
 
@@ -107,7 +109,7 @@ async def cluster(tmp: Path, *, operator: bool = True) -> AsyncIterator[Cluster]
         url = str(server.url).rstrip("/")
         (tmp / "logs").mkdir(exist_ok=True)
         async with Kubelet(url, tmp / "logs") as kubelet, httpx.AsyncClient(base_url=url) as http:
-            c = Cluster(url, http, kubelet, tmp)
+            c = Cluster(url, http, kubelet, tmp, api=api)
             try:
                 if operator:
                     await c.start_operator()

@@ -179,7 +179,11 @@ def test_pod_template_is_the_base_the_operator_builds_on() -> None:
     assert {v["name"] for v in spec["volumes"]} == {"cache", "heddle-shm"}
     worker, sidecar = spec["containers"]
     assert worker["name"] == "worker" and worker["image"] == "registry/worker:1"
-    assert worker["env"] == [{"name": "HF_HOME", "value": "/models"}]
+    assert worker["env"] == [  # the template's env, then the pool's token from its Secret
+        {"name": "HF_HOME", "value": "/models"},
+        {"name": "HEDDLE_WORKER_TOKEN",
+         "valueFrom": {"secretKeyRef": {"name": "qwen-worker-token", "key": "token"}}},
+    ]  # fmt: skip
     assert [m["mountPath"] for m in worker["volumeMounts"]] == ["/cache", "/dev/shm"]
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == "2"
     assert sidecar == {"name": "log-shipper", "image": "fluent-bit:3"}
@@ -201,6 +205,16 @@ def test_a_template_change_rolls_the_workers() -> None:
         ({"metadata": {"name": "x"}}, "labels and annotations only"),
         ({"spec": {"containers": [{"image": "x"}]}}, "needs a name"),
         ({"kind": "Pod"}, "must be a pod template"),
+        (
+            {
+                "spec": {
+                    "containers": [
+                        {"name": "worker", "env": [{"name": "HEDDLE_WORKER_TOKEN", "value": "x"}]}
+                    ]
+                }
+            },
+            "HEDDLE_WORKER_TOKEN of the worker container is set by the operator",
+        ),
     ],
 )
 def test_a_template_that_sets_what_the_operator_owns_is_refused(
@@ -208,3 +222,14 @@ def test_a_template_that_sets_what_the_operator_owns_is_refused(
 ) -> None:
     with pytest.raises(ManifestError, match=error):
         _pool(podTemplate=template)
+
+
+def test_workers_read_the_pools_token_and_a_new_token_rolls_them() -> None:
+    pool, body = _pool()
+    pod = worker_pod(pool, body, "qwen-tp1-0", 1, token_digest="aaa")
+    assert pod["spec"]["containers"][0]["env"] == [
+        {"name": "HEDDLE_WORKER_TOKEN",
+         "valueFrom": {"secretKeyRef": {"name": "qwen-worker-token", "key": "token"}}},
+    ]  # fmt: skip
+    assert pod["metadata"]["annotations"][SPEC_HASH] == spec_hash(pool, "aaa")
+    assert spec_hash(pool, "aaa") != spec_hash(pool, "bbb")  # a new token replaces instances

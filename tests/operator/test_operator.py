@@ -296,7 +296,11 @@ async def test_tool_host_outside_the_operators_allow_list_fails_the_job(tmp_path
         body = await wait_for(failed, 60, "the job to fail validation")
         valid = _condition(body, "Valid")
         assert valid is not None and valid["reason"] == "InvalidSpec"
-        assert "endpoints[0].url: host '169.254.169.254' is not among the hosts" in valid["message"]
+        assert valid["message"].startswith(
+            "RolloutJob 'meta' spec.environment.tools.endpoints[0].url http://169.254.169.254/x: "
+            "host '169.254.169.254' is not among the hosts this operator lets tools reach "
+            "(HEDDLE_TOOL_ALLOWED_HOSTS; with the Helm chart, operator.toolAllowedHosts)"
+        )
 
 
 async def test_spec_change_rolls_pods_one_at_a_time(

@@ -223,7 +223,9 @@ def test_reward_host_outside_the_allow_list_is_refused() -> None:
     with pytest.raises(ManifestError) as err:
         check_tool_hosts(_job({"url": "http://169.254.169.254/x"}), allowed)
     assert str(err.value).startswith(
-        "RolloutJob 'j' spec.environment.reward.url: host '169.254.169.254' is not among the hosts"
+        "RolloutJob 'j' spec.environment.reward.url http://169.254.169.254/x: host "
+        "'169.254.169.254' is not among the hosts this operator lets tools reach "
+        "(HEDDLE_TOOL_ALLOWED_HOSTS; with the Helm chart, operator.toolAllowedHosts)"
     )
 
 
@@ -419,3 +421,11 @@ def test_a_trajectory_the_deadline_cut_says_it_was_not_scored(
     for r in cut:
         assert r["reward"] is None
         assert r["reward_error"] == "not scored: the deadline came before it finished"
+
+
+def test_a_refused_url_is_named_without_its_credentials() -> None:
+    allowed = HostAllowList.parse("grader.rl.svc")
+    with pytest.raises(ManifestError) as err:
+        check_tool_hosts(_job({"url": "http://user:hunter2@evil.example/x?key=k"}), allowed)
+    assert "reward.url http://evil.example/x: host 'evil.example'" in str(err.value)
+    assert "hunter2" not in str(err.value) and "key=k" not in str(err.value)

@@ -207,9 +207,10 @@ def test_tool_host_outside_the_allow_list_is_refused(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
-        "heddle: error: RolloutJob 'job' spec.environment.tools.endpoints[0].url: host "
-        "'169.254.169.254' is not among the hosts this operator lets tools reach "
-        "(HEDDLE_TOOL_ALLOWED_HOSTS); use an allowed tool host or ask the admin to add it"
+        "heddle: error: RolloutJob 'job' spec.environment.tools.endpoints[0].url "
+        "http://169.254.169.254/latest/meta-data: host '169.254.169.254' is not among the hosts "
+        "this operator lets tools reach (HEDDLE_TOOL_ALLOWED_HOSTS; with the Helm chart, "
+        "operator.toolAllowedHosts); use an allowed tool host or ask the admin to add it"
     )
     assert not (tmp_path / "out").exists()
 

@@ -133,7 +133,8 @@ def test_a_tools_job_shows_the_model_its_tools_through_the_chat_template(
     # The module's pool may have lost a worker to an earlier test (it kills one on purpose).
     workers = [w for w in all_workers if pool.procs[w.name].process.poll() is None]
     assert workers, "no worker of the module's pool is alive"
-    model = httpx.get(f"{workers[0].url}/v1/state", timeout=10).json()["model"]
+    bearer = {"Authorization": f"Bearer {workers[0].token}"}  # the pool's per-run token
+    model = httpx.get(f"{workers[0].url}/v1/state", headers=bearer, timeout=10).json()["model"]
     tokenizer = AutoTokenizer.from_pretrained(model)
 
     def calc(description: str) -> dict[str, Any]:

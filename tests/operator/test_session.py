@@ -407,3 +407,29 @@ def test_a_written_trajectory_keeps_no_history(
     assert all(r["response_token_ids"] for r in read_records(out))
     for run in session.runs.values():
         assert (len(run.tokens), len(run.mask), run.messages) == (0, 0, [])
+
+
+def test_a_worker_that_refuses_the_token_is_left_out_and_the_job_completes(
+    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    """401 is the worker's verdict on the token, not on the step: the steps go elsewhere,
+    and its open /readyz does not bring it back (a pod made before a new Secret)."""
+    _, (good, stale) = sim_pool
+    stale = dataclasses.replace(stale, token="the-old-token")
+    tasks, env = _synthetic(6, 4)
+    out = tmp_path / "out.jsonl"
+    session = _session([good, stale], out, tasks, env, 4)
+    result = asyncio.run(session.run())
+    assert (result.progress.done, result.progress.failed) == (24, 0)
+    assert_exactly_once(read_records(out), _keys(tasks, 4))
+    assert {w for r in read_records(out) for w in r["placement"]["steps"]} == {good.name}
+    metrics = httpx.get(f"{stale.url}/metrics", timeout=5).text
+    refused = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("heddle_worker_requests_total") and 'status="401"' in line
+    )
+    # Only steps already sent there are refused, each trajectory's at most once (12 seen);
+    # then none goes there. Before the worker was kept down, its open /readyz let steps
+    # back and the same trajectories were refused again (31-33 seen).
+    assert 0 < refused <= 24

@@ -138,7 +138,8 @@ def test_tool_url_outside_the_allow_list_is_refused_with_a_sentence() -> None:
     with pytest.raises(ManifestError) as err:
         check_tool_hosts(_tools_job("http://127.0.0.1/a", "http://169.254.169.254/x"), allowed)
     assert str(err.value) == (
-        "RolloutJob 'j' spec.environment.tools.endpoints[1].url: host '169.254.169.254' is not "
-        "among the hosts this operator lets tools reach (HEDDLE_TOOL_ALLOWED_HOSTS); use an "
+        "RolloutJob 'j' spec.environment.tools.endpoints[1].url http://169.254.169.254/x: host "
+        "'169.254.169.254' is not among the hosts this operator lets tools reach "
+        "(HEDDLE_TOOL_ALLOWED_HOSTS; with the Helm chart, operator.toolAllowedHosts); use an "
         "allowed tool host or ask the admin to add it"
     )

@@ -8,6 +8,7 @@ real vLLM is tested in tests/worker/test_weights_vllm.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,14 @@ def test_heddle_run_resolves_a_relative_checkpoint_against_the_job_file(tmp_path
 
 
 def _versions(workers: list[WorkerEndpoint]) -> list[str | None]:
-    return [httpx.get(f"{w.url}/v1/state").json()["weight_version"] for w in workers]
+    return [
+        httpx.get(f"{w.url}/v1/state", headers=_bearer(w)).json()["weight_version"] for w in workers
+    ]
+
+
+def _bearer(worker: WorkerEndpoint) -> dict[str, str]:
+    """The local pool's token: its workers answer no one else."""
+    return {"Authorization": f"Bearer {worker.token}"}
 
 
 def test_every_worker_serves_the_version_before_a_step_and_records_carry_it(
@@ -112,7 +120,7 @@ def test_a_worker_restarted_mid_run_is_brought_back_to_the_version(
 
     async def version_of(worker: WorkerEndpoint) -> str | None:
         async with httpx.AsyncClient() as http:
-            state = (await http.get(f"{worker.url}/v1/state")).json()
+            state = (await http.get(f"{worker.url}/v1/state", headers=_bearer(worker))).json()
             return state["weight_version"]  # type: ignore[no-any-return]
 
     async def go() -> None:
@@ -153,3 +161,24 @@ def test_a_checkpoint_that_does_not_load_stops_the_job_and_workers_keep_theirs(
     assert f"checkpoint {missing} does not exist or is not a directory" in message
     assert _versions(workers) == [None, None]
     assert not out.exists() or read_records(out) == []
+
+
+def test_a_worker_that_refuses_the_token_is_not_asked_to_load_again(
+    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    _, (good, stale) = sim_pool
+    stale = dataclasses.replace(stale, token="the-old-token")
+    weights = WeightsSpec(fake_checkpoint(tmp_path / "step-9"), "9")
+    tasks, env = _synthetic(8, 4, tool_scale=0.5)  # a few seconds: many health rounds
+    out = tmp_path / "out.jsonl"
+    session = _session([good, stale], out, tasks, env, 4, weights=weights)
+    asyncio.run(session.run())
+    records = read_records(out)
+    assert len(records) == 32 and {r["weight_version"] for r in records} == {"9"}
+    metrics = httpx.get(f"{stale.url}/metrics", timeout=5).text
+    refused = [
+        line for line in metrics.splitlines()
+        if line.startswith("heddle_worker_requests_total") and 'status="401"' in line
+    ]  # fmt: skip
+    # One refused load; before, its open /readyz had it asked again every health round.
+    assert refused == ['heddle_worker_requests_total{route="POST unmatched",status="401"} 1.0']

@@ -25,7 +25,8 @@ import jsonschema
 import pytest
 import yaml
 
-from heddle.operator._builders import headless_service, instance_name, worker_pod
+from heddle.operator._builders import WORKER_PORT, headless_service, instance_name, worker_pod
+from heddle.operator._hosts import ALLOWED_HOSTS_ENV, HostAllowList
 from heddle.operator._manifests import EnginePoolSpec, RolloutJobSpec
 
 from ._tree import ROOT
@@ -80,6 +81,18 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "metricsFromNamespaceLabels": {"kubernetes.io/metadata.name": "monitoring"},
         }
     },
+    "workerNetworkPolicy": {
+        "watchNamespaces": ["rl", "rl-staging"],
+        "workerNetworkPolicy": {
+            "namespaces": ["rl", "tenant-b"],
+            "metricsFromNamespaceLabels": {"kubernetes.io/metadata.name": "monitoring"},
+        },
+    },
+    "no-workerNetworkPolicy": {
+        "watchNamespaces": ["rl"],
+        "workerNetworkPolicy": {"enabled": False},
+    },
+    "toolAllowedHosts": {"operator": {"toolAllowedHosts": ["*.tools.svc", "10.20.0.0/16"]}},
     "image-digest": {"image": {"digest": "sha256:" + "ab" * 32}},
     "fullnameOverride": {"fullnameOverride": "rl-operator"},
     "pod-placement": {
@@ -226,7 +239,10 @@ def test_every_rendered_object_is_valid_kubernetes(name: str) -> None:
     assert errors == []
     for obj in objects:
         assert len(obj["metadata"]["name"]) <= 63, _ref(obj)
-        if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
+        in_pool_namespaces = obj["kind"] in ("Role", "RoleBinding") or (
+            obj["metadata"]["name"].endswith("-workers")  # the workers' NetworkPolicy
+        )
+        if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding") and not in_pool_namespaces:
             # Set, not left to the client: `helm template | kubectl apply` lands in place.
             assert obj["metadata"]["namespace"] == NAMESPACE, _ref(obj)
 
@@ -314,6 +330,63 @@ def test_rbac_binds_the_operators_service_account(name: str) -> None:
     assert [o["metadata"]["name"] for o in created] == (
         [account] if VALUE_SETS[name].get("serviceAccount", {}).get("create", True) else []
     )
+
+
+def _worker_policies(name: str) -> list[dict[str, Any]]:
+    return [
+        o
+        for o in _rendered(name)
+        if o["kind"] == "NetworkPolicy" and o["metadata"]["name"].endswith("-workers")
+    ]
+
+
+def test_worker_network_policy_admits_only_the_operator_and_the_named_scrapers() -> None:
+    policies = _worker_policies("workerNetworkPolicy")
+    # watchNamespaces and workerNetworkPolicy.namespaces, each once
+    assert sorted(p["metadata"]["namespace"] for p in policies) == ["rl", "rl-staging", "tenant-b"]
+    operator_pod = _one(_rendered("workerNetworkPolicy"), "Deployment")["spec"]["template"]
+    (worker, _) = worker_objects()
+    for policy in policies:
+        spec = policy["spec"]
+        selected = spec["podSelector"]["matchLabels"]
+        assert selected.items() <= worker["metadata"]["labels"].items()  # the operator's pods
+        assert spec["policyTypes"] == ["Ingress"]
+        operator_rule, scrape_rule = spec["ingress"]
+        (source,) = operator_rule["from"]
+        assert source["namespaceSelector"]["matchLabels"] == {
+            "kubernetes.io/metadata.name": NAMESPACE
+        }
+        assert source["podSelector"]["matchLabels"].items() <= (
+            operator_pod["metadata"]["labels"].items()
+        )
+        for rule in (operator_rule, scrape_rule):
+            assert rule["ports"] == [{"port": WORKER_PORT, "protocol": "TCP"}]
+        assert scrape_rule["from"] == [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+        ]
+    # Without scrapers, only the operator's rule; turned off, none; cluster-wide with no
+    # namespaces listed, none (the chart cannot know where pools will be).
+    (plain,) = [
+        p for p in _worker_policies("watchNamespaces") if p["metadata"]["namespace"] == "rl"
+    ]
+    assert len(plain["spec"]["ingress"]) == 1
+    assert _worker_policies("no-workerNetworkPolicy") == []
+    assert _worker_policies("defaults") == []
+
+
+def test_tool_allowed_hosts_reach_the_operator_as_its_allow_list() -> None:
+    def env(name: str) -> dict[str, str]:
+        deployment = _one(_rendered(name), "Deployment")
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e["value"] for e in container["env"]}
+
+    assert ALLOWED_HOSTS_ENV not in env("defaults")  # empty list: any host, as before
+    allowed = HostAllowList.parse(env("toolAllowedHosts")[ALLOWED_HOSTS_ENV])
+    assert allowed is not None
+    assert allowed.allows("sandbox.tools.svc") and allowed.allows("10.20.3.4")
+    assert not allowed.allows("169.254.169.254") and not allowed.allows("example.com")
+    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"operator": {"toolAllowedHosts": ["a.svc,b.svc"]}})
 
 
 def test_service_monitor_keeps_the_metrics_job_label() -> None:

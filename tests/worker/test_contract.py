@@ -9,6 +9,7 @@ under this pytest.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,12 +30,21 @@ EXAMPLES = 20
 # (400, 404, 422) are documented, which the status-code check does verify.
 NOT_APPLICABLE = [positive_data_acceptance]
 BUDGET_S = 45.0  # the whole run, well under a minute on a busy 2-core machine
+TOKEN = "contract-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
-def test_every_answer_matches_the_schema(mode: GenerationMode) -> None:
-    with sim_worker("--time-scale", "0", "--max-model-len", "4096") as (_, url):
-        schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
+def test_every_answer_matches_the_schema(mode: GenerationMode, tmp_path: Path) -> None:
+    # With a token, as in a pool: the schema declares it, and schemathesis' ignored_auth
+    # check also sends each request without it and expects the documented 401.
+    (tmp_path / "token").write_text(TOKEN)
+    token_file = str(tmp_path / "token")
+    with sim_worker("--time-scale", "0", "--max-model-len", "4096", "--token-file", token_file) as (
+        _,
+        url,
+    ):
+        schema = schemathesis.openapi.from_url(f"{url}/openapi.json", headers=AUTH)
         started = time.monotonic()
         operations = [result.ok() for result in schema.get_all_operations()]
         assert len(operations) == 9  # every endpoint, so none drops out of the contract
@@ -53,7 +63,7 @@ def test_every_answer_matches_the_schema(mode: GenerationMode) -> None:
                 database=None,
             )
             def check(case: Any) -> None:
-                case.call_and_validate(base_url=url, excluded_checks=NOT_APPLICABLE)
+                case.call_and_validate(base_url=url, headers=AUTH, excluded_checks=NOT_APPLICABLE)
 
             check()
         assert time.monotonic() - started < BUDGET_S, "the contract run outgrew its budget"
