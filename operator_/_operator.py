@@ -64,7 +64,9 @@ class _State:
 
     def client(self) -> KubeClient:
         if self.kube is None:
-            self.kube = KubeClient(self.info)
+            # kopf logged in through kubernetes.config; this client reads the same credentials
+            # the same way (and again when a token is refused), or the test server's URL.
+            self.kube = KubeClient(self.info if self.config.api_server else None)
         return self.kube
 
 
@@ -104,12 +106,13 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
             start_http_server(config.metrics_port, registry=metrics_registry)
 
     @kopf.on.login(registry=registry)
-    async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # kopf calls this again whenever the server answers 401: a renewed token is read then.
         info: kopf.ConnectionInfo | None
         if config.api_server:
             info = kopf.ConnectionInfo(server=config.api_server, insecure=True)
         else:
-            info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+            info = kopf.login_via_client(**kwargs)
         state.info = info
         return info
 
