@@ -32,7 +32,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -141,10 +143,21 @@ def _reason(exc: BaseException) -> str:
     while isinstance(getattr(cause, "reason", None), BaseException):
         cause = cause.reason  # type: ignore[attr-defined]
     text = str(cause) or type(cause).__name__
+    if "CERTIFICATE_VERIFY_FAILED" in text:
+        return (
+            f"the TLS handshake failed ({text[:200]}); the server's certificate is not signed "
+            "by the kubeconfig's certificate-authority(-data): fix that field"
+        )
     if isinstance(cause, urllib3.exceptions.SSLError) or "SSL" in text or "certificate" in text:
         return (
             f"the TLS handshake failed ({text[:200]}); check the kubeconfig's "
             "certificate-authority and client certificate"
+        )
+    if "closed connection without response" in text:
+        # TLS 1.3 servers refuse a missing client certificate after the client's handshake.
+        return (
+            "the server closed the connection without an answer; if it requires a client "
+            "certificate, set client-certificate(-data) and client-key(-data) in the kubeconfig"
         )
     return f"no answer ({type(cause).__name__}: {text[:200]})"
 
@@ -170,6 +183,20 @@ class KubeClient:
             cfg = _from_access(info)
         self._api = kubernetes.client.ApiClient(cfg)
         self.server = str(cfg.host)
+
+    @classmethod
+    def from_kubeconfig(
+        cls,
+        path: str | os.PathLike[str],
+        context: str | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+    ) -> KubeClient:
+        """A client for ``path``'s context (the current one by default), read again on a 401."""
+        load = functools.partial(load_configuration, os.fspath(path), context)
+        client = cls(load(), retry=retry)
+        client._reload = load
+        return client
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self._api.close)
@@ -358,4 +385,3 @@ def _failure(method: str, path: str, status: int, data: bytes, attempt: int, wai
             f"{waited:.1f} s ({message}); retry later"
         )
     return f"{method} {path}: {message}"
-
