@@ -103,12 +103,12 @@ def load_configuration(
     cfg = kubernetes.client.Configuration()
     if kubeconfig is None:
         try:
-            kubernetes.config.load_incluster_config(client_configuration=cfg)
+            kubernetes.config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
             return cfg
         except kubernetes.config.ConfigException:
             pass  # not in a pod: the kubeconfig, as kubectl does
     try:
-        kubernetes.config.load_kube_config(
+        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
             config_file=kubeconfig, context=context, client_configuration=cfg, persist_config=False
         )
     except (kubernetes.config.ConfigException, OSError, ValueError, KeyError) as exc:
@@ -213,8 +213,8 @@ class KubeClient:
             auth_settings=["BearerToken"],
         )  # fmt: skip
         reply = self._api.call_api(m, url, h, b, _request_timeout=self._retry.timeout_s)
-        data = reply.read()
-        return int(reply.status), dict(reply.getheaders()), bytes(data or b"")
+        raw = reply.response  # urllib3's response: read in full (preload_content is off)
+        return int(reply.status), dict(raw.headers), bytes(raw.data or b"")
 
     async def _send(
         self,
