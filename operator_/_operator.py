@@ -2,7 +2,8 @@
 
 Run it with ``heddle operator`` (or ``kopf run -m heddle.operator.handlers``).
 Each EnginePool and each RolloutJob gets a kopf daemon; the pool's reconciles
-its pods about once a second, the job's runs the rollout session. Handlers
+its pods about once a second (read from a kopf index of worker pods by pool,
+which kopf's watch keeps current), the job's runs the rollout session. Handlers
 are registered on a registry built per operator run, so the module holds no
 state and tests start and stop operators freely.
 """
@@ -10,6 +11,7 @@ state and tests start and stop operators freely.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
+from ._builders import LABEL_POOL
 from ._hosts import HostAllowList
 from ._jobs import JobContext, run_job
 from ._kube import KubeClient
@@ -122,9 +125,23 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
             await state.kube.aclose()
             state.kube = None
 
+    @kopf.index(
+        "", "v1", "pods", id="pool_pods", labels={LABEL_POOL: kopf.PRESENT}, registry=registry
+    )
+    def pool_pods(
+        body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
+    ) -> dict[tuple[str, str], dict[str, Any]]:
+        # Worker pods by pool, kept current by kopf's watch: no LIST of pods per round.
+        return {(namespace or "default", labels[LABEL_POOL]): copy.deepcopy(dict(body))}
+
     @kopf.daemon(GROUP, VERSION, "enginepools", registry=registry, cancellation_timeout=10)
     async def pool_daemon(
-        body: kopf.Body, name: str, namespace: str | None, stopped: kopf.DaemonStopped, **_: Any
+        body: kopf.Body,
+        name: str,
+        namespace: str | None,
+        stopped: kopf.DaemonStopped,
+        pool_pods: kopf.Index[tuple[str, str], dict[str, Any]],
+        **_: Any,
     ) -> None:
         namespace = namespace or "default"
         runtime = state.pools.setdefault((namespace, name), PoolRuntime())
@@ -139,6 +156,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
                     runtime,
                     resident=resident,
                     drain_timeout_s=config.drain_timeout_s,
+                    pods=list(pool_pods.get((namespace, name), [])),
                 )
             except Exception:  # a bad round must not end the daemon; the next one retries
                 state.reconcile_errors.labels("EnginePool").inc()

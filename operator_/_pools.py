@@ -2,7 +2,11 @@
 
 One call of :func:`reconcile_pool` is one round: read the pods, decide with
 :func:`plan_pool`, apply, write status if it changed. The kopf daemon of
-each pool calls it about once a second (``OperatorConfig.reconcile_interval_s``).
+each pool calls it about once a second (``OperatorConfig.reconcile_interval_s``)
+with the pool's pods from the operator's kopf index (a watch, not a LIST per
+round); the round's own writes are laid over that view until the watch has
+delivered them (:class:`OwnWrites`), so a lagging watch never makes a round
+create, drain or delete the same pod twice.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from ._builders import (
     condition,
     headless_service,
     merge_conditions,
+    now_iso,
     pod_phase,
     shape_entries,
     spec_hash,
@@ -35,10 +40,47 @@ from ._kube import ENGINEPOOLS, PODS, SERVICES, ApiError, KubeClient
 from ._manifests import EnginePoolSpec
 from ._reconcile import PodView, plan_pool
 
-__all__ = ["PoolRuntime", "baseline_shape", "reconcile_pool"]
+__all__ = ["OwnWrites", "PoolRuntime", "baseline_shape", "reconcile_pool"]
 
 log = logging.getLogger("heddle.operator.pools")
 DRAINING_SINCE = "heddle.dev/draining-since"
+
+
+@dataclass
+class OwnWrites:
+    """Pods this operator wrote that the index may not show yet, by name.
+
+    Each entry holds the resourceVersion the pod had before the write (None: it
+    did not exist) and the object after it (None: deleted). Once the index shows
+    another version, the watch has caught up and the entry goes; ``wait_s`` bounds
+    how long an entry may stand in for the watch.
+    """
+
+    wait_s: float = 10.0
+    entries: dict[str, tuple[str | None, dict[str, Any] | None, float]] = field(
+        default_factory=dict
+    )
+
+    def note(self, before: Mapping[str, Any] | None, after: Any, name: str) -> None:
+        rv = (before or {}).get("metadata", {}).get("resourceVersion")
+        kept = dict(after) if isinstance(after, Mapping) and after.get("metadata") else None
+        self.entries[name] = (rv, kept, time.monotonic() + self.wait_s)
+
+    def over(self, pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """``pods`` (the index's view) with this operator's newer writes laid over it."""
+        by_name = {p["metadata"]["name"]: p for p in pods}
+        now = time.monotonic()
+        for name, (before, after, until) in list(self.entries.items()):
+            seen = by_name.get(name)
+            if now > until or (seen or {}).get("metadata", {}).get("resourceVersion") != before:
+                del self.entries[name]  # the watch delivered it (or something newer)
+            elif after is None:  # deleted: terminating until the watch says it is gone
+                if seen is not None:
+                    meta = {**seen["metadata"], "deletionTimestamp": now_iso()}
+                    by_name[name] = {**seen, "metadata": meta}
+            else:
+                by_name[name] = after
+        return sorted(by_name.values(), key=lambda p: str(p["metadata"]["name"]))
 
 
 @dataclass
@@ -49,6 +91,7 @@ class PoolRuntime:
     last_status: dict[str, Any] = field(default_factory=dict)
     reshapes: int = 0
     weight_versions: dict[str, str] = field(default_factory=dict)  # instance -> version (jobs)
+    writes: OwnWrites = field(default_factory=OwnWrites)
 
 
 def baseline_shape(pool: EnginePoolSpec) -> PoolShape:
@@ -95,8 +138,10 @@ async def reconcile_pool(
     *,
     resident: Mapping[str, int],
     drain_timeout_s: float,
+    pods: Sequence[Mapping[str, Any]] | None = None,
 ) -> None:
-    """One round. ``resident`` counts unfinished trajectories per instance (the job's session)."""
+    """One round. ``resident`` counts unfinished trajectories per instance (the job's session);
+    ``pods`` are the pool's pods as the operator's index has them (None: LIST them)."""
     meta = body["metadata"]
     name, namespace = meta["name"], meta.get("namespace", "default")
     status = dict(body.get("status") or {})
@@ -113,7 +158,10 @@ async def reconcile_pool(
         )  # fmt: skip
         return
     desired, source = desired_shape(pool, runtime)
-    pods = await kube.list(PODS, namespace, {LABEL_POOL: name})
+    if pods is None:
+        pods = await kube.list(PODS, namespace, {LABEL_POOL: name})
+    pods = runtime.writes.over(pods)
+    by_name = {p["metadata"]["name"]: p for p in pods}
     views = _views(pods, spec_hash(pool))
     now = time.time()
     drained = set()
@@ -131,21 +179,26 @@ async def reconcile_pool(
     actions = plan_pool(name, views, desired, pool.gpus, drained)
     for note in actions.notes:
         log.info("EnginePool %s/%s: %s", namespace, name, note)
+    writes = runtime.writes
     for pod_name in actions.drain:
-        await kube.patch(
+        after = await kube.patch(
             PODS, namespace, pod_name,
             {"metadata": {"annotations": {DRAINING: "true", DRAINING_SINCE: str(now)}}},
         )  # fmt: skip
+        writes.note(by_name.get(pod_name), after, pod_name)
         await kube.event(body, "Draining", f"draining {pod_name} before removing it")
     for pod_name in actions.delete:
         await kube.delete(PODS, namespace, pod_name)
+        writes.note(by_name.get(pod_name), None, pod_name)
         await kube.event(body, "Deleted", f"deleted instance {pod_name}")
     for pod_name, tp in actions.create:
         try:
-            await kube.create(PODS, namespace, worker_pod(pool, body, pod_name, tp))
+            created = await kube.create(PODS, namespace, worker_pod(pool, body, pod_name, tp))
         except ApiError as exc:
             if exc.status != 409:
                 raise
+            continue  # it exists: the index shows it soon; no second "Created" event
+        writes.note(None, created, pod_name)
         await kube.event(body, "Created", f"created instance {pod_name} (TP{tp})")
     if actions.drain or actions.create:
         runtime.reshapes += 1

@@ -49,6 +49,7 @@ class Cluster:
     tmp: Path
     operator: asyncio.Task[None] | None = None
     stop: asyncio.Event | None = None
+    api: ApiServer | None = None  # what the server saw (requests), and its knobs
 
     async def apply(self, obj: dict[str, Any]) -> httpx.Response:
         plural = {
@@ -107,7 +108,7 @@ async def cluster(tmp: Path, *, operator: bool = True) -> AsyncIterator[Cluster]
         url = str(server.url).rstrip("/")
         (tmp / "logs").mkdir(exist_ok=True)
         async with Kubelet(url, tmp / "logs") as kubelet, httpx.AsyncClient(base_url=url) as http:
-            c = Cluster(url, http, kubelet, tmp)
+            c = Cluster(url, http, kubelet, tmp, api=api)
             try:
                 if operator:
                     await c.start_operator()

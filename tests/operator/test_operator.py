@@ -62,6 +62,16 @@ async def test_pool_gets_pods_with_gpus_and_labels_then_ready(
         assert all(i["phase"] == "Ready" and i["endpoint"] for i in obj["status"]["instances"])
         assert await c.get("services", "p") is not None
         assert max(c.kubelet.budget_log) <= 4
+        # The pool's daemon reads its pods from kopf's index (a watch), never LISTs them, while
+        # rounds run every 0.3 s; the test kubelet's own polling LISTs are not the operator's.
+        assert c.api is not None
+        seen = len(c.api.seen)
+        await asyncio.sleep(1.5)
+        pods_path = "/api/v1/namespaces/default/pods"
+        ours = [a for m, p, a in c.api.seen if (m, p) == ("GET", pods_path) and "OpenAPI" in a]
+        assert ours == [], ours
+        assert any(p == pods_path and "kopf" in a for _, p, a in c.api.seen), "no pod watch"
+        assert len(c.api.seen) > seen  # the server was being asked meanwhile
     _no_errors(caplog)
 
 
