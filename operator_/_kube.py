@@ -131,6 +131,11 @@ def _from_access(info: Any) -> kubernetes.client.Configuration:
     ca_data = getattr(info, "ca_data", None)
     if ca_data:
         cfg.ca_cert_data = ca_data.decode() if isinstance(ca_data, bytes) else ca_data
+    if getattr(info, "certificate_data", None) or getattr(info, "private_key_data", None):
+        raise ConfigError(
+            "a client certificate given as data is not supported here; give its file paths, "
+            "or KubeClient() to read the kubeconfig (inline data included)"
+        )
     if getattr(info, "certificate_path", None) and getattr(info, "private_key_path", None):
         cfg.cert_file, cfg.key_file = str(info.certificate_path), str(info.private_key_path)
     cfg.verify_ssl = not getattr(info, "insecure", False)

@@ -140,7 +140,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
         name: str,
         namespace: str | None,
         stopped: kopf.DaemonStopped,
-        pool_pods: kopf.Index[tuple[str, str], dict[str, Any]],
+        pool_pods: kopf.Index[tuple[str, str], dict[str, Any]] | None = None,  # kopf passes it
         **_: Any,
     ) -> None:
         namespace = namespace or "default"
@@ -156,7 +156,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
                     runtime,
                     resident=resident,
                     drain_timeout_s=config.drain_timeout_s,
-                    pods=list(pool_pods.get((namespace, name), [])),
+                    pods=None if pool_pods is None else list(pool_pods.get((namespace, name), [])),
                 )
             except Exception:  # a bad round must not end the daemon; the next one retries
                 state.reconcile_errors.labels("EnginePool").inc()
