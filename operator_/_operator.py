@@ -103,6 +103,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
             prefix="heddle.dev", key="last-handled-configuration"
         )
         settings.posting.level = logging.WARNING
+        settings.posting.reporting_component = "heddle-operator"  # kubectl describe: From
         settings.scanning.disabled = not config.scan_cluster
         settings.watching.server_timeout = 300
         if config.metrics_port is not None:

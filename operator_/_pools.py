@@ -16,7 +16,9 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
+
+import kopf
 
 from heddle.exceptions import ManifestError
 from heddle.scheduler import PoolShape
@@ -186,11 +188,11 @@ async def reconcile_pool(
             {"metadata": {"annotations": {DRAINING: "true", DRAINING_SINCE: str(now)}}},
         )  # fmt: skip
         writes.note(by_name.get(pod_name), after, pod_name)
-        await kube.event(body, "Draining", f"draining {pod_name} before removing it")
+        _event(body, "Draining", f"draining {pod_name} before removing it")
     for pod_name in actions.delete:
         await kube.delete(PODS, namespace, pod_name)
         writes.note(by_name.get(pod_name), None, pod_name)
-        await kube.event(body, "Deleted", f"deleted instance {pod_name}")
+        _event(body, "Deleted", f"deleted instance {pod_name}")
     for pod_name, tp in actions.create:
         try:
             created = await kube.create(PODS, namespace, worker_pod(pool, body, pod_name, tp))
@@ -199,7 +201,7 @@ async def reconcile_pool(
                 raise
             continue  # it exists: the index shows it soon; no second "Created" event
         writes.note(None, created, pod_name)
-        await kube.event(body, "Created", f"created instance {pod_name} (TP{tp})")
+        _event(body, "Created", f"created instance {pod_name} (TP{tp})")
     if actions.drain or actions.create:
         runtime.reshapes += 1
     if await kube.get(SERVICES, namespace, name) is None:
@@ -284,6 +286,13 @@ async def _write_status(
     )
     await _patch_status(kube, body, runtime, status)
     runtime.last_status = comparable
+
+
+def _event(body: Mapping[str, Any], reason: str, message: str) -> None:
+    """An Event on the pool through kopf's poster: queued, never blocking a round; kopf posts
+    it with its own credentials and retries."""
+    obj = body if isinstance(body, kopf.Body) else kopf.Body(cast(kopf.RawBody, dict(body)))
+    kopf.event(obj, type="Normal", reason=reason, message=message)
 
 
 async def _patch_status(

@@ -72,6 +72,18 @@ async def test_pool_gets_pods_with_gpus_and_labels_then_ready(
         assert ours == [], ours
         assert any(p == pods_path and "kopf" in a for _, p, a in c.api.seen), "no pod watch"
         assert len(c.api.seen) > seen  # the server was being asked meanwhile
+
+        async def created() -> list[str]:  # posted by kopf's event poster, asynchronously
+            names = sorted(
+                e["message"] for e in await c.list("events")
+                if e["reason"] == "Created" and e["source"]["component"] == "heddle-operator"
+            )  # fmt: skip
+            return names if len(names) >= 3 else []
+
+        assert await wait_for(created, 30, "Created events") == [
+            "created instance p-tp1-0 (TP1)", "created instance p-tp1-1 (TP1)",
+            "created instance p-tp2-0 (TP2)",
+        ]  # fmt: skip
     _no_errors(caplog)
 
 
