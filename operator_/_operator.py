@@ -106,6 +106,9 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
         settings.posting.reporting_component = "heddle-operator"  # kubectl describe: From
         settings.scanning.disabled = not config.scan_cluster
         settings.watching.server_timeout = 300
+        # The pod index needs only workers: the server filters the watch (not every pod of
+        # the cluster streamed to the operator and dropped there).
+        settings.watching.label_selectors["pods"] = LABEL_POOL
         if config.metrics_port is not None:
             start_http_server(config.metrics_port, registry=metrics_registry)
 

@@ -83,7 +83,8 @@ class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
         self.refused: list[str] = []  # the tokens answered 401
         self.throttled = 0  # requests answered 429
         self.continued = 0  # list pages served after the first (a ?continue= token)
-        self.seen: list[tuple[str, str, str]] = []  # (method, path, User-Agent) of each request
+        # (method, path, User-Agent, query) of each request
+        self.seen: list[tuple[str, str, str, dict[str, str]]] = []
         for path in sorted((ROOT / "crds").glob("*.yaml")):
             crd = yaml.safe_load(path.read_text())
             names = crd["spec"]["names"]
@@ -118,7 +119,7 @@ class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
     async def _handle(self, request: Any) -> Any:
         agent = next((v for k, v in request.headers.items() if k.lower() == "user-agent"), "")
         method = str(getattr(request.method, "value", request.method)).upper()
-        self.seen.append((method, request.url.path, agent))
+        self.seen.append((method, request.url.path, agent, dict(request.params)))
         refusal = self._refusal(request)
         if refusal is not None:
             return refusal

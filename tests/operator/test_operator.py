@@ -68,9 +68,11 @@ async def test_pool_gets_pods_with_gpus_and_labels_then_ready(
         seen = len(c.api.seen)
         await asyncio.sleep(1.5)
         pods_path = "/api/v1/namespaces/default/pods"
-        ours = [a for m, p, a in c.api.seen if (m, p) == ("GET", pods_path) and "OpenAPI" in a]
+        ours = [a for m, p, a, _ in c.api.seen if (m, p) == ("GET", pods_path) and "OpenAPI" in a]
         assert ours == [], ours
-        assert any(p == pods_path and "kopf" in a for _, p, a in c.api.seen), "no pod watch"
+        watches = [q for _, p, a, q in c.api.seen if p == pods_path and "kopf" in a]
+        # Filtered by the server: the watch never streams pods that are not a pool's workers.
+        assert watches and all(q.get("labelSelector") == "heddle.dev/pool" for q in watches)
         assert len(c.api.seen) > seen  # the server was being asked meanwhile
 
         async def created() -> list[str]:  # posted by kopf's event poster, asynchronously
