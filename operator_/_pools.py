@@ -46,6 +46,7 @@ __all__ = ["OwnWrites", "PoolRuntime", "baseline_shape", "reconcile_pool"]
 
 log = logging.getLogger("heddle.operator.pools")
 DRAINING_SINCE = "heddle.dev/draining-since"
+SERVICE_CHECK_S = 60.0  # how often a round makes sure the pool's headless Service exists
 
 
 @dataclass
@@ -94,6 +95,7 @@ class PoolRuntime:
     reshapes: int = 0
     weight_versions: dict[str, str] = field(default_factory=dict)  # instance -> version (jobs)
     writes: OwnWrites = field(default_factory=OwnWrites)
+    service_check_at: float = 0.0  # monotonic time of the next check of the headless Service
 
 
 def baseline_shape(pool: EnginePoolSpec) -> PoolShape:
@@ -204,12 +206,16 @@ async def reconcile_pool(
         _event(body, "Created", f"created instance {pod_name} (TP{tp})")
     if actions.drain or actions.create:
         runtime.reshapes += 1
-    if await kube.get(SERVICES, namespace, name) is None:
-        try:
-            await kube.create(SERVICES, namespace, headless_service(pool, body))
-        except ApiError as exc:
-            if exc.status != 409:
-                raise
+    if time.monotonic() >= runtime.service_check_at:
+        # Checked once a minute, not every round: the Service rarely goes (and a recreated
+        # one only restores DNS names; endpoints in status do not depend on it).
+        if await kube.get(SERVICES, namespace, name) is None:
+            try:
+                await kube.create(SERVICES, namespace, headless_service(pool, body))
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+        runtime.service_check_at = time.monotonic() + SERVICE_CHECK_S
     await _write_status(
         kube, body, runtime, pool, desired, source, pods, views, actions.blocked_gpus
     )
