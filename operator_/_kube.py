@@ -231,8 +231,8 @@ class KubeClient:
         kind: str = "application/json",
     ) -> Any:
         """The one place where transport errors and HTTP statuses become :class:`ApiError`."""
-        retry, waited, reloaded = self._retry, 0.0, False
-        for attempt in range(retry.retries + 1):
+        retry, waited, reloaded, attempt = self._retry, 0.0, False, 0
+        while True:
             try:
                 status, headers, data = await asyncio.to_thread(
                     self._request, method, path, list(query or []), body, kind
@@ -250,12 +250,12 @@ class KubeClient:
             if wait is not None and attempt < retry.retries:
                 wait = min(wait or retry.first_wait_s * 2**attempt, retry.max_wait_s)
                 waited += wait
+                attempt += 1
                 await asyncio.sleep(wait)
                 continue
             if status >= 400:
                 raise ApiError(status, _failure(method, path, status, data, attempt, waited))
             return json.loads(data) if data else None
-        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def _renew(self) -> None:
         assert self._reload is not None
