@@ -11,7 +11,9 @@ import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
+
+import kopf
 
 from heddle.scheduler import PoolShape
 
@@ -68,15 +70,10 @@ def instance_name(pool: str, tp: int, index: int) -> str:
 
 
 def _owner(pool_body: Mapping[str, Any]) -> dict[str, Any]:
-    meta = pool_body["metadata"]
-    return {
-        "apiVersion": "heddle.dev/v1alpha1",
-        "kind": "EnginePool",
-        "name": meta["name"],
-        "uid": meta.get("uid", ""),
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
+    # kopf's own reference (what kopf.adopt appends): controller, blocking the owner's deletion.
+    # Not kopf.adopt itself: it would copy the pool's labels (a GitOps tool's tracking label
+    # among them) onto every pod, and the tool would then prune them as its own.
+    return dict(kopf.build_owner_reference(kopf.Body(cast(kopf.RawBody, dict(pool_body)))))
 
 
 def worker_pod(

@@ -2,7 +2,8 @@
 
 Run it with ``heddle operator`` (or ``kopf run -m heddle.operator.handlers``).
 Each EnginePool and each RolloutJob gets a kopf daemon; the pool's reconciles
-its pods about once a second, the job's runs the rollout session. Handlers
+its pods about once a second (read from a kopf index of worker pods by pool,
+which kopf's watch keeps current), the job's runs the rollout session. Handlers
 are registered on a registry built per operator run, so the module holds no
 state and tests start and stop operators freely.
 """
@@ -10,6 +11,7 @@ state and tests start and stop operators freely.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
+from ._builders import LABEL_POOL
 from ._hosts import HostAllowList
 from ._jobs import JobContext, run_job
 from ._kube import KubeClient
@@ -64,7 +67,9 @@ class _State:
 
     def client(self) -> KubeClient:
         if self.kube is None:
-            self.kube = KubeClient(self.info)
+            # kopf logged in through kubernetes.config; this client reads the same credentials
+            # the same way (and again when a token is refused), or the test server's URL.
+            self.kube = KubeClient(self.info if self.config.api_server else None)
         return self.kube
 
 
@@ -98,18 +103,23 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
             prefix="heddle.dev", key="last-handled-configuration"
         )
         settings.posting.level = logging.WARNING
+        settings.posting.reporting_component = "heddle-operator"  # kubectl describe: From
         settings.scanning.disabled = not config.scan_cluster
         settings.watching.server_timeout = 300
+        # The pod index needs only workers: the server filters the watch (not every pod of
+        # the cluster streamed to the operator and dropped there).
+        settings.watching.label_selectors["pods"] = LABEL_POOL
         if config.metrics_port is not None:
             start_http_server(config.metrics_port, registry=metrics_registry)
 
     @kopf.on.login(registry=registry)
-    async def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # kopf calls this again whenever the server answers 401: a renewed token is read then.
         info: kopf.ConnectionInfo | None
         if config.api_server:
             info = kopf.ConnectionInfo(server=config.api_server, insecure=True)
         else:
-            info = kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+            info = kopf.login_via_client(**kwargs)
         state.info = info
         return info
 
@@ -119,9 +129,23 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
             await state.kube.aclose()
             state.kube = None
 
+    @kopf.index(
+        "", "v1", "pods", id="pool_pods", labels={LABEL_POOL: kopf.PRESENT}, registry=registry
+    )
+    def pool_pods(
+        body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
+    ) -> dict[tuple[str, str], dict[str, Any]]:
+        # Worker pods by pool, kept current by kopf's watch: no LIST of pods per round.
+        return {(namespace or "default", labels[LABEL_POOL]): copy.deepcopy(dict(body))}
+
     @kopf.daemon(GROUP, VERSION, "enginepools", registry=registry, cancellation_timeout=10)
     async def pool_daemon(
-        body: kopf.Body, name: str, namespace: str | None, stopped: kopf.DaemonStopped, **_: Any
+        body: kopf.Body,
+        name: str,
+        namespace: str | None,
+        stopped: kopf.DaemonStopped,
+        pool_pods: kopf.Index[tuple[str, str], dict[str, Any]] | None = None,  # kopf passes it
+        **_: Any,
     ) -> None:
         namespace = namespace or "default"
         runtime = state.pools.setdefault((namespace, name), PoolRuntime())
@@ -136,6 +160,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
                     runtime,
                     resident=resident,
                     drain_timeout_s=config.drain_timeout_s,
+                    pods=None if pool_pods is None else list(pool_pods.get((namespace, name), [])),
                 )
             except Exception:  # a bad round must not end the daemon; the next one retries
                 state.reconcile_errors.labels("EnginePool").inc()

@@ -2,7 +2,11 @@
 
 One call of :func:`reconcile_pool` is one round: read the pods, decide with
 :func:`plan_pool`, apply, write status if it changed. The kopf daemon of
-each pool calls it about once a second (``OperatorConfig.reconcile_interval_s``).
+each pool calls it about once a second (``OperatorConfig.reconcile_interval_s``)
+with the pool's pods from the operator's kopf index (a watch, not a LIST per
+round); the round's own writes are laid over that view until the watch has
+delivered them (:class:`OwnWrites`), so a lagging watch never makes a round
+create, drain or delete the same pod twice.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
+
+import kopf
 
 from heddle.exceptions import ManifestError
 from heddle.scheduler import PoolShape
@@ -26,6 +32,7 @@ from ._builders import (
     condition,
     headless_service,
     merge_conditions,
+    now_iso,
     pod_phase,
     shape_entries,
     spec_hash,
@@ -34,12 +41,50 @@ from ._builders import (
 from ._kube import ENGINEPOOLS, PODS, SERVICES, ApiError, KubeClient
 from ._manifests import EnginePoolSpec
 from ._reconcile import PodView, plan_pool
-from ._tokens import ensure_worker_token, token_digest
+from ._tokens import TokenState, ensure_worker_token, token_digest
 
-__all__ = ["PoolRuntime", "baseline_shape", "reconcile_pool"]
+__all__ = ["OwnWrites", "PoolRuntime", "baseline_shape", "reconcile_pool"]
 
 log = logging.getLogger("heddle.operator.pools")
 DRAINING_SINCE = "heddle.dev/draining-since"
+SERVICE_CHECK_S = 60.0  # how often a round re-reads the headless Service and the token Secret
+
+
+@dataclass
+class OwnWrites:
+    """Pods this operator wrote that the index may not show yet, by name.
+
+    Each entry holds the resourceVersion the pod had before the write (None: it
+    did not exist) and the object after it (None: deleted). Once the index shows
+    another version, the watch has caught up and the entry goes; ``wait_s`` bounds
+    how long an entry may stand in for the watch.
+    """
+
+    wait_s: float = 10.0
+    entries: dict[str, tuple[str | None, dict[str, Any] | None, float]] = field(
+        default_factory=dict
+    )
+
+    def note(self, before: Mapping[str, Any] | None, after: Any, name: str) -> None:
+        rv = (before or {}).get("metadata", {}).get("resourceVersion")
+        kept = dict(after) if isinstance(after, Mapping) and after.get("metadata") else None
+        self.entries[name] = (rv, kept, time.monotonic() + self.wait_s)
+
+    def over(self, pods: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """``pods`` (the index's view) with this operator's newer writes laid over it."""
+        by_name = {p["metadata"]["name"]: p for p in pods}
+        now = time.monotonic()
+        for name, (before, after, until) in list(self.entries.items()):
+            seen = by_name.get(name)
+            if now > until or (seen or {}).get("metadata", {}).get("resourceVersion") != before:
+                del self.entries[name]  # the watch delivered it (or something newer)
+            elif after is None:  # deleted: terminating until the watch says it is gone
+                if seen is not None:
+                    meta = {**seen["metadata"], "deletionTimestamp": now_iso()}
+                    by_name[name] = {**seen, "metadata": meta}
+            else:
+                by_name[name] = after
+        return sorted(by_name.values(), key=lambda p: str(p["metadata"]["name"]))
 
 
 @dataclass
@@ -50,6 +95,10 @@ class PoolRuntime:
     last_status: dict[str, Any] = field(default_factory=dict)
     reshapes: int = 0
     weight_versions: dict[str, str] = field(default_factory=dict)  # instance -> version (jobs)
+    writes: OwnWrites = field(default_factory=OwnWrites)
+    service_check_at: float = 0.0  # monotonic time of the next check of the headless Service
+    token: TokenState | None = None  # the pool's worker token as last read
+    token_check_at: float = 0.0  # monotonic time it is read again
 
 
 def baseline_shape(pool: EnginePoolSpec) -> PoolShape:
@@ -96,8 +145,10 @@ async def reconcile_pool(
     *,
     resident: Mapping[str, int],
     drain_timeout_s: float,
+    pods: Sequence[Mapping[str, Any]] | None = None,
 ) -> None:
-    """One round. ``resident`` counts unfinished trajectories per instance (the job's session)."""
+    """One round. ``resident`` counts unfinished trajectories per instance (the job's session);
+    ``pods`` are the pool's pods as the operator's index has them (None: LIST them)."""
     meta = body["metadata"]
     name, namespace = meta["name"], meta.get("namespace", "default")
     status = dict(body.get("status") or {})
@@ -114,9 +165,17 @@ async def reconcile_pool(
         )  # fmt: skip
         return
     desired, source = desired_shape(pool, runtime)
-    token = await ensure_worker_token(kube, body)
+    token = runtime.token
+    if token is None or token.token is None or time.monotonic() >= runtime.token_check_at:
+        # Read again once a minute (a deleted Secret, i.e. a new token, is seen within
+        # that), every round while it is missing: an idle pool costs no request.
+        token = runtime.token = await ensure_worker_token(kube, body)
+        runtime.token_check_at = time.monotonic() + SERVICE_CHECK_S
     digest = token_digest(token.token)
-    pods = await kube.list(PODS, namespace, {LABEL_POOL: name})
+    if pods is None:
+        pods = await kube.list(PODS, namespace, {LABEL_POOL: name})
+    pods = runtime.writes.over(pods)
+    by_name = {p["metadata"]["name"]: p for p in pods}
     views = _views(pods, spec_hash(pool, digest))
     now = time.time()
     drained = set()
@@ -134,30 +193,41 @@ async def reconcile_pool(
     actions = plan_pool(name, views, desired, pool.gpus, drained)
     for note in actions.notes:
         log.info("EnginePool %s/%s: %s", namespace, name, note)
+    writes = runtime.writes
     for pod_name in actions.drain:
-        await kube.patch(
+        after = await kube.patch(
             PODS, namespace, pod_name,
             {"metadata": {"annotations": {DRAINING: "true", DRAINING_SINCE: str(now)}}},
         )  # fmt: skip
-        await kube.event(body, "Draining", f"draining {pod_name} before removing it")
+        writes.note(by_name.get(pod_name), after, pod_name)
+        _event(body, "Draining", f"draining {pod_name} before removing it")
     for pod_name in actions.delete:
         await kube.delete(PODS, namespace, pod_name)
-        await kube.event(body, "Deleted", f"deleted instance {pod_name}")
+        writes.note(by_name.get(pod_name), None, pod_name)
+        _event(body, "Deleted", f"deleted instance {pod_name}")
     for pod_name, tp in actions.create:
         try:
-            await kube.create(PODS, namespace, worker_pod(pool, body, pod_name, tp, digest))
+            created = await kube.create(
+                PODS, namespace, worker_pod(pool, body, pod_name, tp, digest)
+            )
         except ApiError as exc:
             if exc.status != 409:
                 raise
-        await kube.event(body, "Created", f"created instance {pod_name} (TP{tp})")
+            continue  # it exists: the index shows it soon; no second "Created" event
+        writes.note(None, created, pod_name)
+        _event(body, "Created", f"created instance {pod_name} (TP{tp})")
     if actions.drain or actions.create:
         runtime.reshapes += 1
-    if await kube.get(SERVICES, namespace, name) is None:
-        try:
-            await kube.create(SERVICES, namespace, headless_service(pool, body))
-        except ApiError as exc:
-            if exc.status != 409:
-                raise
+    if time.monotonic() >= runtime.service_check_at:
+        # Checked once a minute, not every round: the Service rarely goes (and a recreated
+        # one only restores DNS names; endpoints in status do not depend on it).
+        if await kube.get(SERVICES, namespace, name) is None:
+            try:
+                await kube.create(SERVICES, namespace, headless_service(pool, body))
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+        runtime.service_check_at = time.monotonic() + SERVICE_CHECK_S
     await _write_status(
         kube, body, runtime, pool, desired, source, pods, views, actions.blocked_gpus,
         token.problem,
@@ -270,6 +340,13 @@ def _degraded(
         budget = f"{blocked_gpus} GPUs of the shape do not fit the budget {pool.gpus}"
         return condition("Degraded", True, "OverBudget", budget)
     return condition("Degraded", False, "Healthy", "no failed instances")
+
+
+def _event(body: Mapping[str, Any], reason: str, message: str) -> None:
+    """An Event on the pool through kopf's poster: queued, never blocking a round; kopf posts
+    it with its own credentials and retries."""
+    obj = body if isinstance(body, kopf.Body) else kopf.Body(cast(kopf.RawBody, dict(body)))
+    kopf.event(obj, type="Normal", reason=reason, message=message)
 
 
 async def _patch_status(

@@ -122,13 +122,15 @@ class Rollout:
         cls,
         job: Manifest,
         *,
-        access: ClusterAccess,
+        access: ClusterAccess | None = None,
         output: str | Path | None = None,
         data_root: str | Path = "/data",
         namespace: str | None = None,
     ) -> Rollout:
         """Create ``job`` through the Kubernetes API; the operator runs it.
 
+        ``access`` is the API server and its credentials; None: the pod's service account,
+        else the kubeconfig (``KUBECONFIG`` or ``~/.kube/config``), as kubectl finds them.
         ``output`` is where this process sees the job's output file (the volume the
         session pod writes to, mounted here); by default ``spec.output.path`` under
         ``data_root``, as the operator resolves it.

@@ -146,9 +146,10 @@ class ClusterRun:
 
     @classmethod
     async def create(
-        cls, access: ClusterAccess, namespace: str, manifest: Mapping[str, Any]
+        cls, access: ClusterAccess | None, namespace: str, manifest: Mapping[str, Any]
     ) -> ClusterRun:
-        client = KubeClient(access)
+        # No access given: the service account in a pod, else the kubeconfig, as kubectl.
+        client = await asyncio.to_thread(KubeClient, access)
         try:
             await client.create(ROLLOUTJOBS, namespace, manifest)
         except BaseException:

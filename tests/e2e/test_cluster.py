@@ -15,7 +15,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import kopf
 import pytest
 
 from heddle.operator._kube import ENGINEPOOLS, PODS, ROLLOUTJOBS, SECRETS, KubeClient
@@ -33,10 +32,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 async def kube() -> AsyncIterator[KubeClient]:
-    info = kopf.login_with_kubeconfig() or kopf.login_with_service_account()
-    if info is None:
-        pytest.fail("no credentials: set KUBECONFIG")
-    client = KubeClient(info)
+    client = KubeClient()  # the service account in a pod, else KUBECONFIG, as the operator
     try:
         yield client
     finally:

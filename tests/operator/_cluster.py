@@ -6,7 +6,9 @@ leaves out (uid, resourceVersion, generation, creationTimestamp,
 generateName, status-subresource semantics, 409 on a stale resourceVersion).
 Custom objects are validated against the CRD schemas in ``crds/`` on create
 and update, CEL rules and list-map keys included (``_crd_rules``), as a real
-server would (422 with the schema error or the rule's message).
+server would (422 with the schema error or the rule's message). Lists honour
+``?limit=`` with ``continue`` tokens; ``tokens`` and ``throttle`` make it
+refuse unknown bearer tokens (401) and throttle (429 with ``Retry-After``).
 
 ``Kubelet`` fakes the node: it polls Pods through the same HTTP API, starts a
 real ``heddle worker`` process (simulated engine) for each on its own
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp.web
 import httpx
 import jsonschema
 import kmock
@@ -82,6 +85,15 @@ class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
         self.forbid_create: set[str] = set()
         self._rv = itertools.count(1)
         self._schemas = crd_schemas()
+        # Knobs for the client's tests: accepted bearer tokens (None: no authentication),
+        # how many next requests answer 429 with Retry-After, and what the server did.
+        self.tokens: set[str] | None = None
+        self.throttle = 0
+        self.refused: list[str] = []  # the tokens answered 401
+        self.throttled = 0  # requests answered 429
+        self.continued = 0  # list pages served after the first (a ?continue= token)
+        # (method, path, User-Agent, query) of each request
+        self.seen: list[tuple[str, str, str, dict[str, str]]] = []
         for path in sorted((ROOT / "crds").glob("*.yaml")):
             crd = yaml.safe_load(path.read_text())
             names = crd["spec"]["names"]
@@ -114,6 +126,12 @@ class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
         return None if obj.deleted else obj
 
     async def _handle(self, request: Any) -> Any:
+        agent = next((v for k, v in request.headers.items() if k.lower() == "user-agent"), "")
+        method = str(getattr(request.method, "value", request.method)).upper()
+        self.seen.append((method, request.url.path, agent, dict(request.params)))
+        refusal = self._refusal(request)
+        if refusal is not None:
+            return refusal
         if request.resource is not None and isinstance(request.data, dict):
             action = str(getattr(request.action, "value", request.action)).lower()
             plural = request.resource.plural
@@ -175,6 +193,42 @@ class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
                         self._check(plural, merged)
         return await super()._handle(request)
 
+    def _refusal(self, request: Any) -> aiohttp.web.Response | None:
+        """401 for a token not in ``tokens``, 429 while ``throttle`` lasts, as kube-apiserver."""
+        if self.tokens is not None:
+            header = next(
+                (v for k, v in request.headers.items() if k.lower() == "authorization"), ""
+            )
+            token = header.removeprefix("Bearer ")
+            if token not in self.tokens:
+                self.refused.append(token)
+                return _status(401, "Unauthorized", "Unauthorized")
+        if self.throttle > 0:
+            self.throttle -= 1
+            self.throttled += 1
+            return _status(
+                429, "TooManyRequests", "too many requests, please try again later",
+                {"Retry-After": "1"},
+            )  # fmt: skip
+        return None
+
+    async def _serve_list(self, request: Any) -> Any:
+        """kmock's list, in pages of ``?limit=`` with ``continue`` tokens, as a real server."""
+        listing = await super()._serve_list(request)
+        limit = int(request.params.get("limit") or 0)
+        if limit <= 0:
+            return listing
+        start = int(request.params.get("continue") or 0)
+        self.continued += start > 0
+        items = sorted(
+            listing["items"],
+            key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]),
+        )
+        meta = dict(listing["metadata"])
+        if start + limit < len(items):
+            meta["continue"] = str(start + limit)
+        return {**listing, "metadata": meta, "items": items[start : start + limit]}
+
     def _check(self, plural: str, obj: dict[str, Any]) -> None:
         try:
             jsonschema.Draft4Validator(self._schemas[plural]).validate(_plain(obj))
@@ -188,6 +242,14 @@ class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
             raise kmock.KubernetesError(
                 status=422, reason="Invalid", message=f"{plural}: {'; '.join(errors)}"
             )
+
+
+def _status(
+    code: int, reason: str, message: str, headers: dict[str, str] | None = None
+) -> aiohttp.web.Response:
+    body = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code,
+            "reason": reason, "message": message}  # fmt: skip
+    return aiohttp.web.json_response(body, status=code, headers=headers)
 
 
 def _plain(obj: Any) -> Any:

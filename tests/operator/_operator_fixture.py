@@ -49,7 +49,7 @@ class Cluster:
     tmp: Path
     operator: asyncio.Task[None] | None = None
     stop: asyncio.Event | None = None
-    api: ApiServer | None = None  # the server itself: tests change its rules (forbid_create)
+    api: ApiServer | None = None  # the server: what it saw (requests), its knobs (forbid_create)
 
     async def apply(self, obj: dict[str, Any]) -> httpx.Response:
         plural = {

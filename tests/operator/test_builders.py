@@ -46,7 +46,10 @@ def test_worker_pod_requests_its_tp_in_gpus() -> None:
     assert pod["metadata"]["labels"]["heddle.dev/tp"] == "4"
     assert pod["metadata"]["namespace"] == "rl"
     owner = pod["metadata"]["ownerReferences"][0]
-    assert (owner["kind"], owner["uid"], owner["controller"]) == ("EnginePool", "u-1", True)
+    assert owner == {
+        "apiVersion": "heddle.dev/v1alpha1", "kind": "EnginePool", "name": "qwen", "uid": "u-1",
+        "controller": True, "blockOwnerDeletion": True,
+    }  # fmt: skip
     assert container["command"][:4] == ["heddle", "worker", "--engine", "vllm"]
     assert "--tp" in container["command"] and "32768" in container["command"]
     assert container["args"] == ["--vllm-arg=enable_chunked_prefill=true"]

@@ -62,6 +62,30 @@ async def test_pool_gets_pods_with_gpus_and_labels_then_ready(
         assert all(i["phase"] == "Ready" and i["endpoint"] for i in obj["status"]["instances"])
         assert await c.get("services", "p") is not None
         assert max(c.kubelet.budget_log) <= 4
+        # The pool's daemon reads its pods from kopf's index (a watch), never LISTs them, while
+        # rounds run every 0.3 s; the test kubelet's own polling LISTs are not the operator's.
+        assert c.api is not None
+        seen = len(c.api.seen)
+        await asyncio.sleep(1.5)
+        pods_path = "/api/v1/namespaces/default/pods"
+        ours = [a for m, p, a, _ in c.api.seen if (m, p) == ("GET", pods_path) and "OpenAPI" in a]
+        assert ours == [], ours
+        watches = [q for _, p, a, q in c.api.seen if p == pods_path and "kopf" in a]
+        # Filtered by the server: the watch never streams pods that are not a pool's workers.
+        assert watches and all(q.get("labelSelector") == "heddle.dev/pool" for q in watches)
+        assert len(c.api.seen) > seen  # the server was being asked meanwhile
+
+        async def created() -> list[str]:  # posted by kopf's event poster, asynchronously
+            names = sorted(
+                e["message"] for e in await c.list("events")
+                if e["reason"] == "Created" and e["source"]["component"] == "heddle-operator"
+            )  # fmt: skip
+            return names if len(names) >= 3 else []
+
+        assert await wait_for(created, 30, "Created events") == [
+            "created instance p-tp1-0 (TP1)", "created instance p-tp1-1 (TP1)",
+            "created instance p-tp2-0 (TP2)",
+        ]  # fmt: skip
     _no_errors(caplog)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from heddle.operator._pools import OwnWrites
 from heddle.operator._reconcile import PodView, plan_pool
 from heddle.scheduler import PoolShape
 
@@ -73,3 +74,30 @@ def test_never_plans_above_the_budget(
     assert len({n for n, _ in actions.create} | {p.name for p in pods}) == len(
         actions.create
     ) + len(pods)
+
+
+def _pod(name: str, rv: str, **annotations: str) -> dict[str, object]:
+    return {"metadata": {"name": name, "resourceVersion": rv, "annotations": annotations}}
+
+
+def test_own_writes_stand_in_for_the_index_until_the_watch_delivers_them() -> None:
+    writes = OwnWrites()
+    index = [_pod("a", "1"), _pod("b", "2")]
+    writes.note(None, _pod("c", "3"), "c")  # created; the index has not seen it yet
+    writes.note(index[0], _pod("a", "4", draining="true"), "a")  # annotated
+    writes.note(index[1], None, "b")  # deleted
+    view = {p["metadata"]["name"]: p["metadata"] for p in writes.over(index)}
+    assert view["c"]["resourceVersion"] == "3"
+    assert view["a"]["annotations"] == {"draining": "true"}
+    assert view["b"].get("deletionTimestamp")  # terminating: its GPUs still count
+    # The watch catches up: the index's newer versions win and the entries go.
+    caught_up = [_pod("a", "5", draining="true"), _pod("c", "6")]
+    view = {p["metadata"]["name"]: p["metadata"] for p in writes.over(caught_up)}
+    assert {n: m["resourceVersion"] for n, m in view.items()} == {"a": "5", "c": "6"}
+    assert writes.entries == {}
+
+
+def test_own_writes_give_up_standing_in_after_their_wait() -> None:
+    writes = OwnWrites(wait_s=0.0)
+    writes.note(None, _pod("c", "3"), "c")
+    assert writes.over([]) == [] and writes.entries == {}
