@@ -21,6 +21,7 @@ import contextlib
 import json
 import math
 import secrets
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
@@ -32,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from heddle.exceptions import ConfigError
 from heddle.worker import tool_schema_error
 
 from ._external import ChatCall, ChatReply, ExternalEnvironment, GatewayError, normal_message
@@ -374,14 +376,25 @@ class Gateway:
         return f"http://{host}:{self.port}/v1"
 
     async def start(self) -> str:
-        self._task = asyncio.create_task(self._server.serve(), name="gateway")
+        # Bound here, not by uvicorn, which exits the process when it cannot bind.
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            sock.close()
+            raise ConfigError(
+                f"the gateway cannot listen on {self.host}:{self.port} ({exc.strerror}); "
+                "pick another with --gateway-host/--gateway-port"
+            ) from None
+        self.port = int(sock.getsockname()[1])
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="gateway")
         while not self._server.started:
-            if self._task.done():  # it could not bind: say why
+            if self._task.done():
                 self._task.result()
-                raise OSError(f"the gateway did not start on {self.host}:{self.port}")
+                raise ConfigError(f"the gateway on {self.host}:{self.port} stopped at its start")
             await asyncio.sleep(0.02)
-        sockets = [s for server in self._server.servers for s in server.sockets]
-        self.port = int(sockets[0].getsockname()[1])
         return self.url
 
     async def stop(self) -> None:
