@@ -11,6 +11,7 @@ random-weight model that ``heddle model tiny`` writes (generated once into
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -75,6 +76,7 @@ class GatewayOptions:
 
     host: str = "127.0.0.1"
     port: int = 0
+    linger_s: float = 3.0  # served on after the job ends, so polling agents hear it ended
 
 
 @dataclass
@@ -382,6 +384,7 @@ async def run_local(
     sink.open()
     pool = LocalPool(shape.tps(), options)
     served: Gateway | None = None
+    session_ended = False
     try:
         workers = await pool.start()
         environment = build_environment(local)
@@ -409,10 +412,15 @@ async def run_local(
             max_trajectories_in_flight=plan.max_trajectories_in_flight,
         )
         result = await session.run()
+        session_ended = True
     finally:
         sink.close()  # the session closed it already unless it never ran
         if served is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                if session_ended:  # not on Ctrl-C or an error: then it goes at once
+                    await asyncio.sleep((gateway or GatewayOptions()).linger_s)
             await asyncio.shield(served.stop())
+            gateway_file(local.output).unlink(missing_ok=True)  # an agent never finds a stale one
         await asyncio.shield(pool.stop())
     summary = summary_of(local, shape, result, options.engine, plan.policy)
     summary_path = local.output.with_name(local.output.name + ".summary.json")
