@@ -378,7 +378,9 @@ class Gateway:
     async def start(self) -> str:
         # Bound here, not by uvicorn, which exits the process when it cannot bind.
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # proto named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
+        # without it every reply waits ~40 ms on Nagle and the client's delayed ACK.
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self.host, self.port))
