@@ -132,7 +132,10 @@ def normal_message(raw: Any, where: str) -> dict[str, Any]:
             f"{where}.role={raw.get('role')!r}; use system, developer, user, assistant or tool",
             param=f"{where}.role",
         )
-    message: dict[str, Any] = {"role": role, "content": _text(raw.get("content"), f"{where}.content")}
+    message: dict[str, Any] = {
+        "role": role,
+        "content": _text(raw.get("content"), f"{where}.content"),
+    }
     calls = raw.get("tool_calls")
     if role == "assistant" and calls:
         if not isinstance(calls, list):
@@ -153,10 +156,8 @@ def normal_message(raw: Any, where: str) -> dict[str, Any]:
 def _call(raw: Any, where: str) -> dict[str, Any]:
     function = raw.get("function") if isinstance(raw, Mapping) else None
     if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
-        raise GatewayError(
-            400, f'{where} must be {{"id", "type": "function", "function": {{"name", "arguments"}}}}',
-            param=where,
-        )  # fmt: skip
+        shape = '{"id", "type": "function", "function": {"name", "arguments"}}'
+        raise GatewayError(400, f"{where} must be {shape}", param=where)
     arguments = function.get("arguments", "")
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments, ensure_ascii=False)
@@ -282,8 +283,7 @@ class ExternalEpisode(Episode):
         if self.state in ("ended", "finished"):
             raise GatewayError(
                 409,
-                f"episode {self.episode_id} has already ended; take another with "
-                "POST /v1/episodes",
+                f"episode {self.episode_id} has already ended; take another with POST /v1/episodes",
                 code="episode_ended",
             )
 

@@ -38,7 +38,7 @@ from heddle.worker import tool_schema_error
 
 from ._external import ChatCall, ChatReply, ExternalEnvironment, GatewayError, normal_message
 
-__all__ = ["Gateway", "TRAJECTORY_HEADER", "create_gateway_app"]
+__all__ = ["TRAJECTORY_HEADER", "Gateway", "create_gateway_app"]
 
 TRAJECTORY_HEADER = "X-Heddle-Trajectory"
 MAX_BODY_BYTES = 32 << 20  # one request at most; an agent's whole conversation fits
@@ -163,7 +163,8 @@ def create_gateway_app(env: ExternalEnvironment) -> Starlette:
             )
         gone = asyncio.ensure_future(_until_disconnected(request))
         try:
-            await asyncio.wait({call.reply, gone}, return_when=asyncio.FIRST_COMPLETED)
+            waits: set[asyncio.Future[Any]] = {call.reply, gone}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
         if not call.reply.done():
@@ -182,8 +183,9 @@ def create_gateway_app(env: ExternalEnvironment) -> Starlette:
                                    "docs/gateway.md for the gateway's routes"))  # fmt: skip
 
     async def bug(request: Request, exc: Exception) -> Response:
-        return _error(GatewayError(500, f"the gateway failed on this request ({type(exc).__name__}: "
-                                   f"{exc}); please report it", kind="server_error"))  # fmt: skip
+        what = f"{type(exc).__name__}: {exc}"
+        return _error(GatewayError(500, f"the gateway failed on this request ({what}); please "
+                                   "report it", kind="server_error"))  # fmt: skip
 
     return Starlette(
         routes=[
@@ -289,7 +291,9 @@ def _completion(env: ExternalEnvironment, completion: str, reply: ChatReply) -> 
     }
 
 
-def _chunks(env: ExternalEnvironment, completion: str, reply: ChatReply) -> Iterator[dict[str, Any]]:
+def _chunks(
+    env: ExternalEnvironment, completion: str, reply: ChatReply
+) -> Iterator[dict[str, Any]]:
     """The reply as OpenAI's stream chunks: content, then tool calls, then the finish."""
     base = {"id": completion, "object": "chat.completion.chunk", "created": int(time.time()),
             "model": env.model}  # fmt: skip

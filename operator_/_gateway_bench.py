@@ -1,4 +1,4 @@
-"""`heddle bench gateway`: what the gateway costs per model call, and how many calls a session serves.
+"""`heddle bench gateway`: the gateway's cost per model call, and the calls/s a session serves.
 
 One sim worker whose steps take no modelled time (``time_scale`` 0), so what
 is measured is Heddle's own path, never the model:

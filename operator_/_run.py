@@ -57,11 +57,11 @@ __all__ = [
     "LocalJob",
     "PoolPlan",
     "ProgressPrinter",
+    "gateway_file",
     "job_workload",
     "perf_model_for",
     "prepare_job",
     "prepare_manifests",
-    "gateway_file",
     "run_local",
 ]
 

@@ -66,7 +66,8 @@ async def run_episode(
     messages: list[Any] = list(episode["task"]["messages"])
     reward, turns = 0.0, 0
     try:
-        for turns in range(1, 5):  # the job's maxTurns is 4
+        while turns < 4:  # the job's maxTurns
+            turns += 1
             reply = await client.chat.completions.create(
                 model=model,
                 messages=messages,

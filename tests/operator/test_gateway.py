@@ -164,7 +164,10 @@ async def _chat(
     )
     if not stream:
         reply = await served.client.chat.completions.create(
-            model=MODEL, messages=messages, tools=CALC, **extra  # type: ignore[arg-type]
+            model=MODEL,
+            messages=messages,
+            tools=CALC,
+            **extra,  # type: ignore[arg-type]
         )
         choice = reply.choices[0]
         assert reply.usage is not None and reply.usage.completion_tokens > 0
@@ -308,6 +311,7 @@ def test_bad_requests_get_openai_errors_in_one_sentence(
     async def main() -> None:
         async with serving(workers, out, _tasks(1), 1) as served:
             sdk = served.client.chat.completions
+            stranger = openai.AsyncOpenAI(base_url=served.url, api_key="wrong", max_retries=0)
             eid = (await served.episode())["id"]
             cases: list[tuple[type[openai.APIStatusError], str, Callable[[], Any]]] = [
                 (openai.NotFoundError, "unknown_trajectory",
@@ -322,9 +326,7 @@ def test_bad_requests_get_openai_errors_in_one_sentence(
                 (openai.BadRequestError, None,
                  lambda: sdk.create(model=MODEL, messages=[{"role": "robot", "content": "x"}],
                                     user=eid)),
-                (openai.AuthenticationError, "invalid_api_key",
-                 lambda: openai.AsyncOpenAI(base_url=served.url, api_key="wrong",
-                                            max_retries=0).models.list()),
+                (openai.AuthenticationError, "invalid_api_key", stranger.models.list),
             ]  # fmt: skip
             for kind, code, make in cases:
                 with pytest.raises(kind) as caught:
@@ -337,7 +339,10 @@ def test_bad_requests_get_openai_errors_in_one_sentence(
                 f"{served.url}/chat/completions", content=b"{not json",
                 headers={"Content-Type": "application/json"},
             )  # fmt: skip
-            assert garbled.status_code == 400 and "not valid JSON" in garbled.json()["error"]["message"]
+            assert (
+                garbled.status_code == 400
+                and "not valid JSON" in garbled.json()["error"]["message"]
+            )
             assert (await served.http.get(f"{served.url}/nowhere")).json()["error"]["message"]
             reply, _ = await _chat(served, eid, hello, stream=False, header=True)
             assert reply["content"] == "hi"
@@ -392,8 +397,8 @@ def test_silent_and_disconnected_agents_are_truncated_or_handed_out_again(
                 )
             assert "abandoned" in gone.value.message
             retry = next(e["id"] for e in again if e["task"]["id"] == "task1")
-            reply, _ = await _chat(served, retry, [{"role": "user", "content": "<reply>ok</reply>"}],
-                                   stream=False, header=True)  # fmt: skip
+            ok = [{"role": "user", "content": "<reply>ok</reply>"}]
+            reply, _ = await _chat(served, retry, ok, stream=False, header=True)
             assert reply["content"] == "ok"
             assert (await served.end(retry)).status_code == 200
             await served.run
@@ -417,8 +422,8 @@ def test_a_restarted_session_hands_out_only_what_is_not_written(
 
     async def finish_one(served: Served) -> str:
         ep = await served.episode()
-        reply, _ = await _chat(served, ep["id"], [{"role": "user", "content": "<reply>a</reply>"}],
-                               stream=False, header=True)  # fmt: skip
+        hello = [{"role": "user", "content": "<reply>a</reply>"}]
+        await _chat(served, ep["id"], hello, stream=False, header=True)
         assert (await served.end(ep["id"], reward=1)).status_code == 200
         return str(ep["task"]["id"])
 

@@ -17,7 +17,7 @@ from heddle.operator._manifests import SamplingSpec
 
 from .._vllm import require_vllm
 from .conftest import assert_exactly_once, read_records, start_pool
-from .test_gateway import CALC, MODEL, Served, _chat, _tasks, serving
+from .test_gateway import CALC, Served, _chat, _tasks, serving
 
 pytestmark = pytest.mark.slow  # real engines
 

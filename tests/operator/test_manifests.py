@@ -412,9 +412,11 @@ def test_external_environment_parses_with_defaults_and_refuses_tools() -> None:
     assert external is not None and external.tool_parser == "qwen3_coder"
     assert (external.episode_timeout_s, external.hand_out_again) == (60.0, 2)
     both = _with(JOB, "spec.environment.type", "external")  # JOB's tools stay
-    with pytest.raises(ManifestError, match="does not apply to environment.type external"):
+    with pytest.raises(ManifestError, match="does not apply to environment"):
         RolloutJobSpec.from_manifest(both)
     with pytest.raises(ManifestError, match="idleTimeoutSeconds=0 must be > 0"):
         RolloutJobSpec.from_manifest(
-            _with(JOB, "spec.environment", {"type": "external", "external": {"idleTimeoutSeconds": 0}})
+            _with(
+                JOB, "spec.environment", {"type": "external", "external": {"idleTimeoutSeconds": 0}}
+            )
         )
