@@ -460,3 +460,42 @@ def test_episode_ids_hold_the_trajectory() -> None:
     handed = env.hand_out()
     assert handed is ep and re.fullmatch(r"j-t000000-s000-[0-9a-f]{6}0", ep.episode_id)
     assert env.hand_out() is None and env.remaining == 1
+
+
+def test_a_stream_left_mid_call_truncates_and_a_repeated_call_gets_its_reply_again(
+    scripted_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    _, workers = scripted_pool
+    out = tmp_path / "out.jsonl"
+    slow = "<reply>" + "x" * 4000 + "</reply>"
+    long_turns = SamplingSpec(max_tokens_per_turn=4000, max_total_tokens=8000)
+
+    async def main() -> None:
+        async with serving(workers, out, _tasks(2), 1, sampling=long_turns) as served:
+            # A client that repeats an answered call (a retry after a lost reply) gets
+            # the same reply, and nothing is generated twice.
+            first = (await served.episode())["id"]
+            hello = [{"role": "user", "content": "<reply>one</reply><reply>two</reply>"}]
+            once, _ = await _chat(served, first, hello, stream=False, header=True)
+            again, _ = await _chat(served, first, hello, stream=True, header=False)
+            assert once["content"] == again["content"] == "one"
+            assert (await served.end(first)).status_code == 200
+            # A streaming client that goes away after the first chunk abandons its episode.
+            second = (await served.episode())["id"]
+            body = {"model": MODEL, "stream": True, "user": second,
+                    "messages": [{"role": "user", "content": slow}]}  # fmt: skip
+            async with served.http.stream("POST", f"{served.url}/chat/completions", json=body) as r:
+                assert r.status_code == 200
+                async for line in r.aiter_lines():
+                    assert json.loads(line.removeprefix("data: "))["choices"][0]["delta"] == {
+                        "role": "assistant",
+                        "content": "",
+                    }
+                    break  # leave mid-stream: the connection closes
+            await served.run
+
+    asyncio.run(main())
+    records = {r["task_id"]: r for r in read_records(out)}
+    assert records["task0"]["status"] == "done" and records["task0"]["turns"] == 1
+    left = records["task1"]
+    assert left["status"] == "truncated" and left["finish_reason"] == "agent_disconnected"
