@@ -230,6 +230,7 @@ class ExternalEpisode(Episode):
         self.episode_id, self.state = episode_id, "idle"
         self.hand_outs += 1
         self.history, self.current, self._last = [], None, None
+        self._events = asyncio.Queue()  # nothing sent under an earlier hand-out's id counts
         timeout = self.spec.episode_timeout_s
         self._deadline = None if timeout is None else time.monotonic() + timeout
         self._handed.set()

@@ -499,3 +499,25 @@ def test_a_stream_left_mid_call_truncates_and_a_repeated_call_gets_its_reply_aga
     assert records["task0"]["status"] == "done" and records["task0"]["turns"] == 1
     left = records["task1"]
     assert left["status"] == "truncated" and left["finish_reason"] == "agent_disconnected"
+
+
+def test_an_episode_kept_past_its_timeout_is_truncated_naming_the_limit(
+    scripted_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    _, workers = scripted_pool
+    out = tmp_path / "out.jsonl"
+    spec = ExternalSpec(idle_timeout_s=30, episode_timeout_s=0.5)
+
+    async def main() -> None:
+        async with serving(workers, out, _tasks(1), 1, spec) as served:
+            eid = (await served.episode())["id"]
+            hello = [{"role": "user", "content": "<reply>one</reply>"}]
+            await _chat(served, eid, hello, stream=False, header=True)
+            await served.run  # the agent keeps thinking; the episode's time runs out
+            late = await served.end(eid, reward=1)
+            assert late.status_code == 409 and late.json()["error"]["code"] == "episode_ended"
+
+    asyncio.run(main())
+    (record,) = read_records(out)
+    assert (record["status"], record["finish_reason"]) == ("truncated", "agent_timeout")
+    assert "past 0.5 s (episodeTimeoutSeconds)" in record["error"] and record["turns"] == 1
