@@ -59,6 +59,7 @@ class Served:
     client: openai.AsyncOpenAI
     http: httpx.AsyncClient
     run: asyncio.Task[SessionResult]
+    session: RolloutSession
 
     async def episode(self) -> dict[str, Any]:
         reply = await self.http.post(f"{self.url}/episodes")
@@ -95,12 +96,13 @@ async def serving(
         "max_turns": 8,
         "config": FAST,
     } | session
-    run = asyncio.create_task(RolloutSession(**options).run())
+    session = RolloutSession(**options)
+    run = asyncio.create_task(session.run())
     headers = {"Authorization": f"Bearer {TOKEN}"}
     client = openai.AsyncOpenAI(base_url=url, api_key=TOKEN, max_retries=0)
     try:
         async with httpx.AsyncClient(headers=headers, timeout=30) as http:
-            yield Served(env, url, client, http, run)
+            yield Served(env, url, client, http, run, session)
     finally:
         if not run.done():
             run.cancel()
@@ -521,3 +523,45 @@ def test_an_episode_kept_past_its_timeout_is_truncated_naming_the_limit(
     (record,) = read_records(out)
     assert (record["status"], record["finish_reason"]) == ("truncated", "agent_timeout")
     assert "past 0.5 s (episodeTimeoutSeconds)" in record["error"] and record["turns"] == 1
+
+
+def test_a_trajectory_migrates_while_its_agent_thinks_and_stays_token_exact(
+    scripted_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    _, workers = scripted_pool
+    out = tmp_path / "out.jsonl"
+
+    async def main() -> str:
+        async with serving(workers, out, _tasks(1), 1) as served:
+            eid = (await served.episode())["id"]
+            messages: list[dict[str, Any]] = [
+                {"role": "user", "content": "<reply>one</reply><reply>two</reply>"}
+            ]
+            reply, _ = await _chat(served, eid, messages, stream=False, header=True)
+            run = served.session.runs[served.env.lookup(eid).trajectory_id]
+            source = run.resident
+            assert source is not None
+            # The agent is busy between calls (its tool time): the worker holding the
+            # context drains, so the session moves it to the other one meanwhile.
+            served.session.drain_worker(source)
+            for _ in range(200):
+                if run.migrations:
+                    break
+                await asyncio.sleep(0.05)
+            messages += [reply, {"role": "user", "content": "next"}]
+            second, _ = await _chat(served, eid, messages, stream=True, header=True)
+            assert second["content"] == "two"
+            assert (await served.end(eid)).status_code == 200
+            await served.run
+            return source
+
+    source = asyncio.run(main())
+    (record,) = read_records(out)
+    (move,) = record["placement"]["migrations"]
+    assert move["from"] == source and move["after_turn"] == 1
+    assert record["placement"]["steps"] == [source, move["to"]] and move["to"] != source
+    tokens = bytes(record["prompt_token_ids"] + record["response_token_ids"]).decode()
+    assert tokens == (
+        "<|user|>\n<reply>one</reply><reply>two</reply>\n<|assistant|>\none\n"
+        "<|user|>\nnext\n<|assistant|>\ntwo"
+    )
