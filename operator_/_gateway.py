@@ -36,7 +36,8 @@ from starlette.routing import Route
 from heddle.exceptions import ConfigError
 from heddle.worker import tool_schema_error
 
-from ._external import ChatCall, ChatReply, ExternalEnvironment, GatewayError, normal_message
+from ._external import ExternalEnvironment
+from ._gateway_messages import ChatCall, ChatReply, GatewayError, normal_message
 
 __all__ = ["TRAJECTORY_HEADER", "Gateway", "create_gateway_app"]
 
