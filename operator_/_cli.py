@@ -31,6 +31,7 @@ BENCH_TARGETS = (
     "control-loop",
     "weights",
     "memory",
+    "gateway",
 )
 DEFAULT_POLICIES = "heddle,verl,verl-star,slime"
 
@@ -221,6 +222,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                   f"is written {row['written_bytes_per_trajectory'] / 2**10:6.1f} KiB")  # fmt: skip
         print(f"  the paper's job (8,192 x 10K tokens in flight): "
               f"{result['paper_job_in_flight_gib']:.2f} GiB")  # fmt: skip
+    elif args.target == "gateway":
+        from ._gateway_bench import bench_gateway
+
+        result = bench_gateway(calls=args.calls, concurrency=args.concurrency,
+                               rounds=max(1, min(args.repeats, 9)))  # fmt: skip
+        print(f"gateway against the worker API (sim worker, no model time; median of "
+              f"{result['rounds']} rounds):")  # fmt: skip
+        print(f"  direct worker step   {result['median_direct_step_ms']:7.2f} ms")
+        print(f"  call via gateway     {result['median_gateway_call_ms']:7.2f} ms  "
+              f"(overhead {result['overhead_per_call_ms']:.2f} ms per call)")  # fmt: skip
+        print(f"  one session serves   {result['median_calls_per_s']:7.0f} calls/s "
+              f"({result['concurrency']} agents)")  # fmt: skip
     elif args.target == "predictor":
         workloads = tuple(args.workloads.split(","))
         result = mb.bench_predictor(workloads=workloads, seed=args.seed)
@@ -449,7 +462,8 @@ def build_parser() -> argparse.ArgumentParser:
         "shape: TP-mix search timing; predictor: Pearson and tail recall after step 1, 2, 4; "
         "worker: tokens/s through the worker API against vLLM's own generate; "
         "weights: a checkpoint swap in place against a worker restart; "
-        "memory: the session's bytes per trajectory at 10K and 40K tokens.",
+        "memory: the session's bytes per trajectory at 10K and 40K tokens; "
+        "gateway: an external job's per-call overhead and calls/s.",
     )
     p_bench.add_argument(
         "target", nargs="?", default="rollout", choices=BENCH_TARGETS, help="what to benchmark"
@@ -477,7 +491,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument(
         "--model", default=None, help="for 'worker' and 'weights': a model directory"
     )
-    p_bench.add_argument("--concurrency", type=int, default=32, help="for 'worker'")
+    p_bench.add_argument(
+        "--concurrency", type=int, default=32, help="for 'worker' and 'gateway' (agents)"
+    )
+    p_bench.add_argument(
+        "--calls", type=int, default=200, help="for 'gateway': calls per latency run"
+    )
     p_bench.add_argument("--max-tokens", type=int, default=256, help="for 'worker': per step")
     p_bench.add_argument(
         "--workload",

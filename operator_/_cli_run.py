@@ -82,7 +82,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from ._run import ProgressPrinter, prepare_job, run_local  # noqa: PLC0415
+    from ._run import GatewayOptions, ProgressPrinter, prepare_job, run_local  # noqa: PLC0415
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     local = prepare_job(Path(args.job), Path(args.pool) if args.pool else None, args.job_name)
@@ -111,8 +111,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         metrics = SessionMetrics()
         start_http_server(args.metrics_port, registry=metrics.registry)
+    gateway = GatewayOptions(args.gateway_host, args.gateway_port)
     try:
-        summary, _ = asyncio.run(run_local(local, options, on_progress=printer, metrics=metrics))
+        summary, _ = asyncio.run(
+            run_local(
+                local,
+                options,
+                on_progress=printer,
+                metrics=metrics,
+                gateway=gateway,
+                on_gateway=_print_gateway(local.job.name, local.pool.model),
+            )
+        )
     finally:
         if printer is not None:
             printer.close()
@@ -130,6 +140,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         path = plot_rollout(local.output, local.output.with_suffix(".png"))
         print(f"plot: {path}")
     return 0 if summary["progress"]["failed"] == 0 else 1
+
+
+def _print_gateway(job: str, model: str) -> Any:
+    def show(url: str, token: str) -> None:
+        # On stdout before any progress: an agent launcher can read these two lines.
+        print(f"gateway: {url}  (model {model!r}; OpenAI base_url for job {job}'s agents)")
+        print(f"gateway token: {token}  (api_key; set HEDDLE_GATEWAY_TOKEN to choose it)")
+        sys.stdout.flush()
+
+    return show
 
 
 def _print_summary(s: dict[str, Any]) -> None:
@@ -193,6 +213,17 @@ def add_run_parser(sub: Any) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument(
         "--metrics-port", type=int, default=0, help="serve Prometheus /metrics here while running"
+    )
+    p.add_argument(
+        "--gateway-host",
+        default="127.0.0.1",
+        help="external jobs: the address the agents' gateway listens on (default: %(default)s)",
+    )
+    p.add_argument(
+        "--gateway-port",
+        type=int,
+        default=0,
+        help="external jobs: the gateway's port (default: a free one, printed)",
     )
     p.set_defaults(func=_cmd_run)
 

@@ -45,6 +45,10 @@ class Outcome:
     tool_calls: tuple[str, ...] = ()  # names of the tools called after this turn
     tool_errors: int = 0
     assistant: Mapping[str, Any] | None = None  # the turn as an OpenAI message with tool_calls
+    status: str | None = None  # when done: the record's status if not derived (e.g. truncated)
+    reward: float | None = None  # when done: a reward the environment itself reports
+    reward_info: Mapping[str, Any] | None = None
+    restart: bool = False  # start the trajectory afresh (its history dropped, nothing written)
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,26 @@ class Episode(ABC):
 
     def first_messages(self) -> list[Mapping[str, str]]:
         return list(self.task.messages)
+
+    async def opening(self) -> Outcome | None:
+        """Before the first step: the first messages (``messages``), or the end (``done``).
+
+        ``None`` keeps the task's messages; an environment whose agent writes the
+        prompt (``external``) waits here for it.
+        """
+        return None
+
+    def note_step(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """The step just run: the context it saw and the tokens it generated."""
+        return None
+
+    def finished(self, status: str, finish_reason: str) -> None:
+        """The trajectory's record is written (or it was given up); nothing follows."""
+        return None
+
+    def record_fields(self) -> Mapping[str, Any]:
+        """Extra fields of the output record."""
+        return {}
 
     def turn_limit(self, turn: int, default: int) -> tuple[int, bool]:
         """(max tokens, ignore EOS) of step ``turn`` (0-based)."""
@@ -91,6 +115,10 @@ class Environment(ABC):
     @abstractmethod
     def episode(self, task: Task, task_index: int, sample: int, trajectory_id: str) -> Episode:
         """A fresh episode for one task sample."""
+
+    def begin(self) -> None:
+        """Every episode of the session is made (:meth:`episode`); the rollout starts."""
+        return None
 
     async def close(self) -> None:
         """Release connections (optional)."""

@@ -225,6 +225,12 @@ async def run_job(
     try:
         job = RolloutJobSpec.from_manifest(body)
         check_tool_hosts(job, ctx.tool_hosts)
+        if job.environment.type == "external":
+            raise ManifestError(
+                "environment.type external needs its gateway served as a Service of the "
+                "job's session, which the operator does not do yet (sessions run in its own "
+                "process); run the job with `heddle run` (docs/gateway.md) or use type tools"
+            )
         files = _files(ctx, job)
     except HeddleError as exc:
         await status.write("Failed", [condition("Valid", False, "InvalidSpec", str(exc))])

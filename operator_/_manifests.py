@@ -29,6 +29,7 @@ __all__ = [
     "MAX_TRAJECTORIES",
     "EnginePoolSpec",
     "EnvironmentSpec",
+    "ExternalSpec",
     "RolloutJobSpec",
     "SamplingSpec",
     "SyntheticSpec",
@@ -258,10 +259,21 @@ class SyntheticSpec:
 
 
 @dataclass(frozen=True)
+class ExternalSpec:
+    """Agents outside Heddle drive the loop through the job's OpenAI-compatible gateway."""
+
+    tool_parser: str = "hermes"  # reads tool calls from turns whose request lists tools
+    idle_timeout_s: float = 300.0  # agent silent this long after a hand-out or a reply: abandoned
+    episode_timeout_s: float | None = None  # one hand-out's whole wall time at most, if set
+    hand_out_again: int = 0  # times an abandoned episode is handed out afresh before it is written
+
+
+@dataclass(frozen=True)
 class EnvironmentSpec:
     type: str
     tools: ToolsSpec | None = None
     synthetic: SyntheticSpec | None = None
+    external: ExternalSpec | None = None
     reward: RewardSpec | None = None  # None: records carry reward null
 
 
@@ -283,9 +295,33 @@ def _tool_schemas(t: Fields, served: set[str]) -> tuple[Mapping[str, Any], ...]:
     return tuple(schemas)
 
 
+def _external(e: Fields) -> ExternalSpec:
+    spec = ExternalSpec(
+        tool_parser=e.choice("toolParser", TOOL_PARSERS, "hermes"),
+        idle_timeout_s=e.number("idleTimeoutSeconds", 300.0, exclusive_minimum=True),
+        episode_timeout_s=(
+            e.number("episodeTimeoutSeconds", exclusive_minimum=True)
+            if e.has("episodeTimeoutSeconds")
+            else e.raw("episodeTimeoutSeconds")
+        ),
+        hand_out_again=e.integer("handOutAgain", 0, maximum=100),
+    )
+    e.done()
+    return spec
+
+
 def _environment(f: Fields) -> EnvironmentSpec:
-    kind = f.choice("type", ("tools", "synthetic"), "tools")
+    kind = f.choice("type", ("tools", "synthetic", "external"), "tools")
     reward = parse_reward(f.sub("reward")) if f.has("reward") else f.raw("reward")
+    if kind == "external":
+        for other in ("tools", "synthetic"):
+            if f.has(other):
+                raise ManifestError(
+                    f"{f.where(other)} does not apply to environment.type external (the agent "
+                    f"runs its own tools); remove it or set type: {other}"
+                )
+        return EnvironmentSpec("external", external=_external(f.sub("external")), reward=reward)
+    f.raw("external")
     if kind == "tools":
         t = f.sub("tools")
         endpoints = []

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from heddle.scheduler import Trajectory
+from heddle.scheduler import Trajectory, TrajectoryState
 
 from ._client import StepReply
 from ._environments import Episode
@@ -101,6 +101,20 @@ class TrajectoryRun:
         traj.context_tokens = len(self.tokens)
         if traj.prompt_tokens == 0:
             traj.prompt_tokens = self.prompt_len
+
+    def restart(self) -> None:
+        """Back to before the first step, for an episode handed out afresh."""
+        self.forget_history()
+        self.prompt_len, self.resident = None, None
+        self.tool_calls = self.tool_errors = 0
+        self.tool_latency_s, self.tool_output_tokens, self.migrations = [], [], []
+        self.queue_s = self.generate_s = 0.0
+        traj = self.traj
+        traj.turns = traj.generated_tokens = traj.tool_calls = 0
+        traj.turn_tokens = []
+        traj.context_tokens = traj.prompt_tokens
+        traj.instance = traj.tool_expected_end_s = None
+        traj.state = TrajectoryState.QUEUED
 
     def forget_history(self) -> None:
         """Drop what only the record needed, once it is written: a long job's finished

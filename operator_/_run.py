@@ -11,9 +11,11 @@ random-weight model that ``heddle model tiny`` writes (generated once into
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -36,6 +38,8 @@ from heddle.scheduler import (
 from heddle.scheduler.sim import SimulatedShapePlanner
 
 from ._environments import Environment, SyntheticEnvironment, synthetic_tasks
+from ._external import ExternalEnvironment
+from ._gateway import Gateway
 from ._hosts import HostAllowList, check_tool_hosts
 from ._local import LocalPool, LocalWorkerOptions
 from ._manifests import EnginePoolSpec, RolloutJobSpec, check_trajectories, load_manifests
@@ -48,9 +52,12 @@ from ._tasks import TaskSet, read_tasks
 from ._tools import ToolsEnvironment
 
 __all__ = [
+    "GATEWAY_TOKEN_ENV",
+    "GatewayOptions",
     "LocalJob",
     "PoolPlan",
     "ProgressPrinter",
+    "gateway_file",
     "job_workload",
     "perf_model_for",
     "prepare_job",
@@ -59,6 +66,17 @@ __all__ = [
 ]
 
 log = logging.getLogger("heddle.run")
+
+GATEWAY_TOKEN_ENV = "HEDDLE_GATEWAY_TOKEN"  # an external job's token, instead of a fresh one
+
+
+@dataclass(frozen=True)
+class GatewayOptions:
+    """Where an external job's gateway listens locally (port 0: a free one)."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    linger_s: float = 3.0  # served on after the job ends, so polling agents hear it ended
 
 
 @dataclass
@@ -267,6 +285,10 @@ def _environment(local: LocalJob) -> Environment:
             tool_time_scale=env.synthetic.tool_time_scale,
             max_turns=local.job.max_turns,
         )
+    if env.type == "external":
+        assert env.external is not None
+        return ExternalEnvironment(env.external, job=local.job.name, model=local.pool.model,
+                                   token=os.environ.get(GATEWAY_TOKEN_ENV) or None)  # fmt: skip
     assert env.tools is not None
     return ToolsEnvironment(env.tools)
 
@@ -344,8 +366,14 @@ async def run_local(
     on_progress: Any = None,
     session_config: SessionConfig | None = None,
     metrics: SessionMetrics | None = None,
+    gateway: GatewayOptions | None = None,
+    on_gateway: Callable[[str, str], None] | None = None,
 ) -> tuple[dict[str, Any], SessionResult]:
-    """Start the pool, run the session, stop the pool (also on error or cancellation)."""
+    """Start the pool, run the session, stop the pool (also on error or cancellation).
+
+    An ``external`` job serves its gateway meanwhile: ``on_gateway(url, token)``
+    hears where, and ``OUTPUT.gateway.json`` (readable by its owner only) says it too.
+    """
     for error in local.tasks.errors:
         log.warning("skipping a malformed task: %s", error)
     perf = perf_model_for(local.pool)
@@ -355,13 +383,20 @@ async def run_local(
     sink = OutputSink(local.output)
     sink.open()
     pool = LocalPool(shape.tps(), options)
+    served: Gateway | None = None
+    session_ended = False
     try:
         workers = await pool.start()
+        environment = build_environment(local)
+        if isinstance(environment, ExternalEnvironment):
+            served = await _serve_gateway(local, environment, gateway or GatewayOptions())
+            if on_gateway is not None:
+                on_gateway(served.url, environment.token)
         session = RolloutSession(
             job=local.job.name,
             tasks=local.tasks.tasks,
             samples_per_task=local.job.samples_per_task,
-            environment=build_environment(local),
+            environment=environment,
             workers=workers,
             sink=sink,
             perf=perf,
@@ -377,8 +412,15 @@ async def run_local(
             max_trajectories_in_flight=plan.max_trajectories_in_flight,
         )
         result = await session.run()
+        session_ended = True
     finally:
         sink.close()  # the session closed it already unless it never ran
+        if served is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                if session_ended:  # not on Ctrl-C or an error: then it goes at once
+                    await asyncio.sleep((gateway or GatewayOptions()).linger_s)
+            await asyncio.shield(served.stop())
+            gateway_file(local.output).unlink(missing_ok=True)  # an agent never finds a stale one
         await asyncio.shield(pool.stop())
     summary = summary_of(local, shape, result, options.engine, plan.policy)
     summary_path = local.output.with_name(local.output.name + ".summary.json")
@@ -387,3 +429,27 @@ async def run_local(
     except OSError as exc:
         raise OutputError(f"cannot write the summary {summary_path}: {exc.strerror}") from exc
     return summary, result
+
+
+def gateway_file(output: Path) -> Path:
+    """Where a local external job writes its gateway's URL and token."""
+    return output.with_name(output.name + ".gateway.json")
+
+
+async def _serve_gateway(
+    local: LocalJob, environment: ExternalEnvironment, options: GatewayOptions
+) -> Gateway:
+    served = Gateway(environment, options.host, options.port)
+    url = await served.start()
+    path = gateway_file(local.output)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"job": local.job.name, "url": url, "token": environment.token,
+                       "model": environment.model}, f)  # fmt: skip
+            f.write("\n")
+    except OSError as exc:
+        await served.stop()
+        raise OutputError(f"cannot write the gateway file {path}: {exc.strerror}") from exc
+    return served

@@ -49,7 +49,7 @@ from heddle.scheduler import (
 
 from ._admission import AdmissionWindow
 from ._client import StepReply, WorkerClient, WorkerEndpoint
-from ._environments import Environment, ParsedCalls
+from ._environments import Environment, Outcome, ParsedCalls
 from ._http import HttpPool
 from ._manifests import SamplingSpec, WeightsSpec
 from ._output import OutputSink, record_key
@@ -269,8 +269,9 @@ class RolloutSession:
                     pending=list(task.messages),
                 )
         for run in self.runs.values():
-            run.traj.prompt_tokens = max(1, sum(len(m["content"]) // 4 for m in run.pending))
+            run.traj.prompt_tokens = _prompt_estimate(run.pending)
             self._predict(run)
+        self.environment.begin()
         view = self._view()
         if self.runs and view is not None:
             self.placement.replan([r.traj for r in self.runs.values()], view)
@@ -395,12 +396,39 @@ class RolloutSession:
 
     async def _trajectory(self, run: TrajectoryRun) -> None:
         await self.weights.ready.wait()
-        run.started_at = time.time()
+        while True:
+            opening = await run.episode.opening()
+            run.started_at = time.time()
+            if opening is not None and opening.done:
+                return await self._finish_with(run, opening)
+            if opening is not None:  # the agent wrote the prompt (external)
+                run.pending = list(opening.messages)
+                run.traj.prompt_tokens = _prompt_estimate(run.pending)
+                self._predict(run)
+            if not await self._turns(run):
+                return
+            # The environment gave the episode up and hands it out afresh: nothing of
+            # this attempt is kept or written.
+            if run.resident is not None:
+                self._release_later(run.resident, run.traj.id)
+            run.restart()
+            self._predict(run)
+
+    async def _finish_with(self, run: TrajectoryRun, outcome: Outcome) -> None:
+        """End the trajectory as the environment's ``outcome`` says."""
+        if outcome.reward is not None or outcome.reward_info is not None:
+            run.reward, run.reward_info = outcome.reward, outcome.reward_info
+        status = outcome.status or ("failed" if outcome.finish_reason == "failed" else "done")
+        await self._finish(run, status, outcome.finish_reason, outcome.error)
+
+    async def _turns(self, run: TrajectoryRun) -> bool:
+        """Steps and environment turns until the end; True when the episode restarts."""
         traj = run.traj
         while True:
             remaining = self.sampling.max_total_tokens - traj.generated_tokens
             if remaining <= 0:
-                return await self._finish(run, "truncated", "length")
+                await self._finish(run, "truncated", "length")
+                return False
             max_tokens, ignore_eos = run.episode.turn_limit(
                 traj.turns, self.sampling.max_tokens_per_turn
             )
@@ -411,12 +439,16 @@ class RolloutSession:
                 worker, reply = await self._step(run, max_tokens, ignore_eos)
             except WorkerRejectedError as exc:
                 if exc.status == 400 and "max length" in str(exc):
-                    return await self._finish(run, "truncated", "context_length", str(exc))
+                    await self._finish(run, "truncated", "context_length", str(exc))
+                    return False
                 # The request itself is at fault: sending it again would fail again.
-                return await self._finish(run, "failed", "failed", str(exc), rejected=exc)
+                await self._finish(run, "failed", "failed", str(exc), rejected=exc)
+                return False
             except StepFailedError as exc:
-                return await self._finish(run, "failed", "failed", str(exc))
+                await self._finish(run, "failed", "failed", str(exc))
+                return False
             run.apply(worker, reply, self.sampling.logprobs)
+            run.episode.note_step(len(run.tokens) - len(reply.token_ids), len(reply.token_ids))
             self._steps += 1
             self._tokens += len(reply.token_ids)
             self._rate.add(len(reply.token_ids))
@@ -451,13 +483,16 @@ class RolloutSession:
                 self.metrics.tool_calls.labels(self.job, "ok").inc()
             for _ in range(outcome.tool_errors):
                 self.metrics.tool_calls.labels(self.job, "error").inc()
+            if outcome.restart:
+                return True
             if outcome.done:
-                status = "failed" if outcome.finish_reason == "failed" else "done"
-                return await self._finish(run, status, outcome.finish_reason, outcome.error)
+                await self._finish_with(run, outcome)
+                return False
             run.pending.extend(outcome.messages)
             run.tool_latency_s.append(tool_s)
             if outcome_done:
-                return await self._finish(run, "truncated", reason)
+                await self._finish(run, "truncated", reason)
+                return False
             self._predict(run)
 
     async def _step(
@@ -675,12 +710,14 @@ class RolloutSession:
         spec = self.weights.spec
         record = run.record(policy=self.policy.name, want_logprobs=self.sampling.logprobs)
         record["weight_version"] = spec.version if spec is not None else None
+        record.update(run.episode.record_fields())
         return record
 
     def _write(self, run: TrajectoryRun) -> None:
         record = self._record(run)
         if self.sink.write(record):
             self._finished["failed" if run.status == "failed" else "done"] += 1
+        run.episode.finished(run.status, run.finish_reason)
         run.forget_history()
 
     def _release_later(self, worker: str, trajectory_id: str) -> None:
@@ -844,6 +881,11 @@ class RolloutSession:
         while True:
             self._publish(self.progress())
             await asyncio.sleep(self.config.progress_interval_s)
+
+
+def _prompt_estimate(messages: Sequence[Mapping[str, Any]]) -> int:
+    """A prompt's tokens before it is tokenised: about four characters a token."""
+    return max(1, sum(len(m.get("content") or "") // 4 for m in messages))
 
 
 def step_seed(seed: int, task_index: int, sample: int, turn: int) -> int:

@@ -196,3 +196,14 @@ def test_bad_tool_allow_list_stops_the_operator_with_a_sentence() -> None:
         "nor an IP network; give names (sandbox.rl.svc, *.tools.svc) or CIDRs (10.0.0.0/8), "
         "comma-separated"
     )
+
+
+@pytest.mark.slow  # worker and agent processes
+def test_bench_gateway_measures_overhead_and_calls_per_second(tmp_path: Path) -> None:
+    result = run("bench", "gateway", "--calls", "20", "--concurrency", "4", "--repeats", "1",
+                 "--out", str(tmp_path))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    data = json.loads((tmp_path / "gateway.json").read_text())
+    assert data["median_direct_step_ms"] > 0 and data["median_gateway_call_ms"] > 0
+    assert data["median_calls_per_s"] > 1 and data["concurrency"] == 4
+    assert "overhead" in result.stdout and "calls/s" in result.stdout

@@ -394,3 +394,29 @@ def test_readme_resources_pass_the_crds_and_the_parser() -> None:
         plural = {"EnginePool": "enginepools", "RolloutJob": "rolloutjobs"}[doc["kind"]]
         validate(plural, doc)
         (EnginePoolSpec if doc["kind"] == "EnginePool" else RolloutJobSpec).from_manifest(doc)
+
+
+def test_external_environment_parses_with_defaults_and_refuses_tools() -> None:
+    from ._cluster import validate
+
+    doc = _with(JOB, "spec.environment", {"type": "external"})
+    validate("rolloutjobs", doc)
+    external = RolloutJobSpec.from_manifest(doc).environment.external
+    assert external is not None and external.idle_timeout_s == 300.0
+    assert external.hand_out_again == 0 and external.episode_timeout_s is None
+    custom = {"type": "external", "external": {"toolParser": "qwen3_coder",
+              "idleTimeoutSeconds": 5, "episodeTimeoutSeconds": 60, "handOutAgain": 2}}  # fmt: skip
+    doc = _with(JOB, "spec.environment", custom)
+    validate("rolloutjobs", doc)
+    external = RolloutJobSpec.from_manifest(doc).environment.external
+    assert external is not None and external.tool_parser == "qwen3_coder"
+    assert (external.episode_timeout_s, external.hand_out_again) == (60.0, 2)
+    both = _with(JOB, "spec.environment.type", "external")  # JOB's tools stay
+    with pytest.raises(ManifestError, match="does not apply to environment"):
+        RolloutJobSpec.from_manifest(both)
+    with pytest.raises(ManifestError, match="idleTimeoutSeconds=0 must be > 0"):
+        RolloutJobSpec.from_manifest(
+            _with(
+                JOB, "spec.environment", {"type": "external", "external": {"idleTimeoutSeconds": 0}}
+            )
+        )
