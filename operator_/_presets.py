@@ -33,6 +33,7 @@ WORKLOAD_PRESETS = (
     "bimodal",
     "swe",
     "quickstart",
+    "fidelity",
 )
 CLUSTER_PRESETS = {"64xh100": "cluster-64xh100.yaml"}
 

@@ -66,6 +66,7 @@ from ._predictor import (
     SiblingPredictor,
 )
 from ._profiled import (
+    PROFILE_FORMAT,
     EngineProfile,
     ProfiledPerfModel,
     fit_decode,
@@ -91,6 +92,7 @@ __all__ = [
     "HARDWARE_PRESETS",
     "MODEL_PRESETS",
     "POLICIES",
+    "PROFILE_FORMAT",
     "SAMPLING_LIMITS",
     "AnnealingShapePlanner",
     "BenchWorkload",
