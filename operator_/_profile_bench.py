@@ -79,6 +79,7 @@ class _Driver:
         self.vocab = vocab
         self.rng = random.Random(seed)
         self.count = 0
+        self.overheads: list[float] = []  # client time beyond the worker's own, per request
 
     def tokens(self, n: int) -> list[int]:
         # Random ids: no two contexts share a prefix, so nothing comes from the cache.
@@ -94,6 +95,7 @@ class _Driver:
         reply.raise_for_status()
         answer: dict[str, Any] = reply.json()
         answer["client_s"] = time.perf_counter() - started
+        self.overheads.append(answer["client_s"] - answer["timings"]["total_s"])
         return answer
 
     async def drop(self, tids: Sequence[str]) -> None:
@@ -119,15 +121,15 @@ class _Driver:
         ]
         return statistics.median(per_iteration)
 
-    async def prefill(self, tokens: int) -> tuple[float, float]:
-        """(engine's time to first token, client time beyond the engine's total) of one context."""
+    async def prefill(self, tokens: int) -> float:
+        """The engine's time to first token of one fresh context."""
         (tid,) = self.fresh(1)
         reply = await self.step(tid, self.tokens(tokens), 1)
         await self.drop([tid])
-        return reply["timings"]["prefill_s"], reply["client_s"] - reply["timings"]["total_s"]
+        return float(reply["timings"]["prefill_s"])
 
 
-async def _measure(
+async def _measure_one(
     url: str,
     batches: Sequence[int],
     contexts: Sequence[int],
@@ -135,34 +137,54 @@ async def _measure(
     repeats: int,
     seed: int,
     progress: Callable[[str], None],
-) -> dict[str, Any]:
+) -> tuple[dict[tuple[int, int], list[float]], dict[int, list[float]], list[float]]:
+    """One worker's decode and prefill times per point, and its requests' overheads."""
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         state = (await client.get("/v1/state")).json()
         driver = _Driver(client, int(state["vocab_size"]), seed)
         await driver.decode(2, 64)  # warm-up: first requests pay one-off costs
+        driver.overheads.clear()
         # Every repeat visits the grid in a fresh order, so load from elsewhere on a
         # shared machine spreads over all points instead of biasing a few.
         grid = [(b, c) for c in contexts for b in batches]
-        times: dict[tuple[int, int], list[float]] = {point: [] for point in grid}
+        decode: dict[tuple[int, int], list[float]] = {point: [] for point in grid}
         order = random.Random(seed)
         for r in range(repeats):
             for batch, context in order.sample(grid, len(grid)):
-                times[(batch, context)].append(await driver.decode(batch, context))
-            progress(f"decode grid, repeat {r + 1}/{repeats} done")
-        decode: list[list[float]] = []
-        for batch, context in grid:
-            median = statistics.median(times[(batch, context)])
-            total = batch * (context + 1 + _DECODE_TOKENS / 2)
-            decode.append([batch, total, median])
+                decode[(batch, context)].append(await driver.decode(batch, context))
+            progress(f"{url}: decode grid, repeat {r + 1}/{repeats} done")
+        prefill = {n: [await driver.prefill(n) for _ in range(repeats)] for n in prefills}
+    return decode, prefill, driver.overheads
+
+
+async def _measure(
+    urls: Sequence[str],
+    batches: Sequence[int],
+    contexts: Sequence[int],
+    prefills: Sequence[int],
+    repeats: int,
+    seed: int,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    """Every worker measured at once (they share the machine as in a rollout); pooled."""
+    each = await asyncio.gather(
+        *(
+            _measure_one(url, batches, contexts, prefills, repeats, seed + i, progress)
+            for i, url in enumerate(urls)
+        )
+    )
+    decode: list[list[float]] = []
+    for batch in batches:
+        for context in contexts:
+            median = statistics.median(t for d, _, _ in each for t in d[(batch, context)])
+            decode.append([batch, batch * (context + 1 + _DECODE_TOKENS / 2), median])
             progress(f"decode batch {batch:3d} x {context:5d} tokens: {median * 1e3:7.2f} ms")
-        prefill: list[list[float]] = []
-        overheads: list[float] = []
-        for tokens in prefills:
-            runs = [await driver.prefill(tokens) for _ in range(repeats)]
-            median = statistics.median(r[0] for r in runs)
-            overheads += [r[1] for r in runs]
-            prefill.append([tokens, median])
-            progress(f"prefill {tokens:5d} tokens: {median * 1e3:7.2f} ms")
+    prefill: list[list[float]] = []
+    for n in prefills:
+        median = statistics.median(t for _, p, _ in each for t in p[n])
+        prefill.append([n, median])
+        progress(f"prefill {n:5d} tokens: {median * 1e3:7.2f} ms")
+    overheads = [x for _, _, o in each for x in o]
     return {
         "decode_points": decode,
         "prefill_points": prefill,
@@ -182,9 +204,15 @@ def bench_profile(
     seed: int = 1,
     out: Path,
     name: str = "vllm-cpu-tiny",
+    workers: int = 2,
     progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Profile one local vLLM worker (TP1); return the profile (also written to ``out``)."""
+    """Profile local vLLM workers (TP1), all at once; return the profile (also in ``out``).
+
+    ``workers`` should be as many as the rollout the profile is for runs: on a
+    CPU they share the cores, and a worker measured alone is faster than one
+    beside another (docs/benchmarks.md, Fidelity).
+    """
     if max(contexts) + _DECODE_TOKENS + 1 > max_model_len or max(prefills) >= max_model_len:
         raise ConfigError(
             f"profile contexts up to {max(*contexts, *prefills)} tokens do not fit "
@@ -198,11 +226,11 @@ def bench_profile(
         max_num_seqs=max(batches),
         log_dir=out / "logs",
     )
-    pool = LocalPool([1], options)
+    pool = LocalPool([1] * workers, options)
 
     async def go() -> dict[str, Any]:
-        (endpoint,) = await pool.start()
-        return await _measure(endpoint.url, batches, contexts, prefills, repeats, seed, progress)
+        urls = [e.url for e in await pool.start()]
+        return await _measure(urls, batches, contexts, prefills, repeats, seed, progress)
 
     started = time.perf_counter()
     try:
@@ -219,12 +247,13 @@ def bench_profile(
     profile = {
         "format": PROFILE_FORMAT,
         "name": name,
-        "engine": "vllm CPU build, one worker at TP1, enforce_eager",
+        "engine": f"vllm CPU build, {workers} workers at TP1 side by side, enforce_eager",
         "measured": {
             "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": f"{platform.machine()}, {_cores()} cores (shared)",
             "seconds": round(time.perf_counter() - started, 1),
             "repeats": repeats,
+            "workers_side_by_side": workers,
             "decode_tokens_per_request": _DECODE_TOKENS,
             "max_num_seqs": max(batches),
             "max_model_len": max_model_len,

@@ -103,6 +103,7 @@ class EngineProfile:
     decode: Mapping[int, DecodeFit]
     prefill: Mapping[int, PrefillFit]
     source: str = "profile"
+    request_overhead_s: float = 0.0  # per step, outside the engine (client clock - worker's)
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -153,7 +154,11 @@ class EngineProfile:
             raise WorkloadError(
                 f"{source}: decode, prefill and kv_capacity_tokens must cover the same TP degrees"
             )
-        return cls(str(data.get("name", source)), model, kv, decode, prefill, source, data)
+        overhead = data.get("request_overhead_s", 0.0)
+        if isinstance(overhead, bool) or not isinstance(overhead, int | float) or overhead < 0:
+            raise WorkloadError(f"{source}: request_overhead_s must be a number >= 0")
+        name = str(data.get("name", source))
+        return cls(name, model, kv, decode, prefill, source, float(overhead), data)
 
 
 def load_profile(name_or_path: str | Path, base_dir: Path | None = None) -> EngineProfile:
@@ -246,6 +251,10 @@ class ProfiledPerfModel(PerfModel):
                 "those or profile a worker at that TP"
             )
         return fit.at(batch)
+
+    @property
+    def step_overhead_s(self) -> float:
+        return self.profile.request_overhead_s
 
     def kv_capacity_tokens(self, tp: int) -> int:
         return int(self.profile.kv_capacity_tokens.get(tp, 0))

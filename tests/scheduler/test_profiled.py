@@ -117,3 +117,20 @@ def test_cluster_file_selects_the_profile_and_the_simulator_runs_on_it(tmp_path:
 def test_gpu_presets_are_untouched() -> None:
     cluster = ClusterSpec("g", 8, 8, "qwen3-14b", "h100-sxm", (1, 2), 1)
     assert type(cluster.perf_model()).__name__ == "PerfModel"
+
+
+def test_a_profiled_step_overhead_delays_every_step_and_the_datasheet_has_none() -> None:
+    spec = replace(load_workload("quickstart"), prompts=1, samples_per_prompt=1)
+    scripts = generate(spec, 5)
+    makespans = []
+    for overhead in (0.0, 0.25):
+        profile = EngineProfile.from_dict({**_profile_dict(), "request_overhead_s": overhead})
+        cluster = ClusterSpec("c", 1, 1, "tiny", "profiled", (1,), 1, 8, profile=profile)
+        sim = Simulator(scripts, cluster, get_policy("verl"), tool_means_s={"sandbox": 0.4})
+        makespans.append(sim.run().makespan_s)
+    # One trajectory alone: each of its steps waits exactly the overhead once.
+    assert makespans[1] - makespans[0] == pytest.approx(0.25 * scripts[0].turns, rel=1e-6)
+    gpu = ClusterSpec("g", 8, 8, "qwen3-14b", "h100-sxm", (1, 2), 1)
+    assert gpu.perf_model().step_overhead_s == 0.0
+    with pytest.raises(WorkloadError, match="request_overhead_s"):
+        EngineProfile.from_dict({**_profile_dict(), "request_overhead_s": -1})
