@@ -7,23 +7,23 @@ context length, and prefill times over prompt length, at each TP degree it
 measured. :class:`ProfiledPerfModel` answers the questions :class:`PerfModel`
 answers from that profile, so the simulator and the planners use it unchanged.
 
-The form, per TP degree and batch size ``b`` (least squares over the context
-sweep at that batch size)::
+The form, per TP degree (nonnegative least squares over every measured point)::
 
-    iteration_time(b, C) = fixed_s[b] + per_context_token_s[b] * C     (C: context of the batch)
+    iteration_time(b, C) = fixed + per_sequence * b + per_context_token * C   (C: batch context)
     prefill_time(n)      = fixed_s + per_token_s * n + per_token_squared_s * n^2
 
 Linear in ``C`` because attention reads each resident token's KV once per
 step (the profile's residuals say how well that holds); it also keeps
 :meth:`segment_time` a closed form, which the simulator needs to jump from
-batch change to batch change. Between measured batch sizes the two
-coefficients are interpolated linearly, beyond the largest extrapolated from
-the last two; both are made nondecreasing in ``b`` when the profile is fitted,
-so noise cannot make a larger batch cheaper.
+batch change to batch change. A profile file stores the fit per measured
+batch size (``fixed_s[b]``, ``per_context_token_s[b]``), so a hand-written or
+differently fitted table loads too: between measured sizes the coefficients
+are interpolated linearly, beyond the largest extrapolated from the last two.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -183,45 +183,44 @@ def load_profile(name_or_path: str | Path, base_dir: Path | None = None) -> Engi
 
 
 def fit_decode(points: Sequence[tuple[int, float, float]]) -> DecodeFit:
-    """Least-squares ``fixed + slope * context`` per batch size from (batch, context, seconds)."""
-    by_batch: dict[int, list[tuple[float, float]]] = {}
-    for batch, context, seconds in points:
-        by_batch.setdefault(int(batch), []).append((float(context), float(seconds)))
-    sizes = sorted(by_batch)
-    fixed: list[float] = []
-    slope: list[float] = []
-    for b in sizes:
-        xs = np.asarray([c for c, _ in by_batch[b]])
-        ys = np.asarray([s for _, s in by_batch[b]])
-        if len(set(xs.tolist())) < 2:
-            f, g = float(ys.mean()), 0.0
-        else:
-            g, f = (float(v) for v in np.polyfit(xs, ys, 1))
-        fixed.append(max(f, 0.0))
-        slope.append(max(g, 0.0))
-    # Running maxima: a larger batch is never cheaper (measurement noise can say otherwise).
-    fixed = np.maximum.accumulate(fixed).tolist()
-    slope = np.maximum.accumulate(slope).tolist()
-    return DecodeFit(tuple(sizes), tuple(fixed), tuple(slope))
+    """``fixed + per_sequence * b + per_context_token * C`` from (batch, context, seconds).
+
+    One nonnegative least-squares fit over every point, written out per
+    measured batch size. Three terms, not a free table per batch size: on a
+    shared CPU single points are off by up to half (the profile records its
+    largest relative residual), and a table would keep that noise.
+    """
+    b = np.asarray([float(p[0]) for p in points])
+    c = np.asarray([float(p[1]) for p in points])
+    y = np.asarray([float(p[2]) for p in points])
+    coef = _nonnegative_fit(np.stack([np.ones_like(b), b, c], axis=1), y)
+    sizes = sorted({int(p[0]) for p in points})
+    fixed = tuple(float(coef[0] + coef[1] * size) for size in sizes)
+    return DecodeFit(tuple(sizes), fixed, tuple(float(coef[2]) for _ in sizes))
+
+
+def _nonnegative_fit(columns: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with every coefficient >= 0: the best fit over subsets of the columns."""
+    width = columns.shape[1]
+    best: tuple[float, np.ndarray] | None = None
+    for size in range(width, 0, -1):
+        for keep in itertools.combinations(range(width), size):
+            coef, *_ = np.linalg.lstsq(columns[:, keep], y, rcond=None)
+            if (coef < 0).any():
+                continue
+            full = np.zeros(width)
+            full[list(keep)] = coef
+            err = float(((columns @ full - y) ** 2).sum())
+            if best is None or err < best[0]:
+                best = (err, full)
+    return best[1] if best is not None else np.zeros(width)
 
 
 def fit_prefill(points: Sequence[tuple[int, float]]) -> PrefillFit:
     """Nonnegative least squares of ``a + b n + c n^2`` from (tokens, seconds)."""
     n = np.asarray([float(t) for t, _ in points])
     y = np.asarray([float(s) for _, s in points])
-    columns = np.stack([np.ones_like(n), n, n * n], axis=1)
-    best: tuple[float, np.ndarray] | None = None
-    # Three coefficients: try every subset kept, drop any fit with a negative one.
-    for keep in ((0, 1, 2), (0, 1), (1, 2), (0, 2), (1,), (0,)):
-        coef, *_ = np.linalg.lstsq(columns[:, keep], y, rcond=None)
-        if (coef < 0).any():
-            continue
-        full = np.zeros(3)
-        full[list(keep)] = coef
-        err = float(((columns @ full - y) ** 2).sum())
-        if best is None or err < best[0]:
-            best = (err, full)
-    a, b, c = best[1] if best is not None else (0.0, 0.0, 0.0)
+    a, b, c = _nonnegative_fit(np.stack([np.ones_like(n), n, n * n], axis=1), y)
     return PrefillFit(float(a), float(b), float(c))
 
 

@@ -26,12 +26,13 @@ from heddle.scheduler.sim import Simulator, lower_bound
 
 
 def _profile_dict() -> dict[str, Any]:
-    # Points from a made-up engine: 4 ms + 0.5 ms per sequence + 1 us per context token,
-    # and one noisy point at batch 4 that fitting must not let undercut batch 2.
+    # A made-up engine: 4 ms + 0.5 ms per sequence + 1 us per context token, measured with
+    # +-20% noise alternating over the points (as on a shared CPU).
+    grid = [(b, b * c) for b in (1, 2, 4, 8) for c in (64, 512, 2048)]
     points = [
-        (b, b * c, 0.004 + 0.0005 * b + 1e-6 * b * c) for b in (1, 2, 8) for c in (64, 512, 2048)
+        (b, ctx, (0.004 + 0.0005 * b + 1e-6 * ctx) * (1.2 if i % 2 else 0.8))
+        for i, (b, ctx) in enumerate(grid)
     ]
-    points += [(4, 4 * c, 0.0040 + 1e-7 * 4 * c) for c in (64, 512, 2048)]
     decode = fit_decode(points)
     prefill = fit_prefill([(n, 0.003 + 2e-5 * n) for n in (16, 128, 1024, 3000)])
     return {
@@ -51,19 +52,21 @@ def _model(batch_cap: int = 8) -> ProfiledPerfModel:
     return ProfiledPerfModel.from_profile(EngineProfile.from_dict(_profile_dict()), batch_cap)
 
 
-def test_fit_recovers_the_engine_and_stays_monotone_in_batch() -> None:
+def test_fit_recovers_the_engine_through_noise_and_is_monotone() -> None:
     perf = _model()
-    assert perf.iteration_time(1, 512, 1) == pytest.approx(0.0045 + 512e-6, rel=1e-6)
-    assert perf.iteration_time(8, 8 * 512, 1) == pytest.approx(0.008 + 8 * 512e-6, rel=1e-6)
-    # Between measured sizes it interpolates; the noisy batch-4 point was lifted to batch 2's.
+    assert perf.iteration_time(1, 512, 1) == pytest.approx(0.0045 + 512e-6, rel=0.1)
+    assert perf.iteration_time(8, 8 * 512, 1) == pytest.approx(0.008 + 8 * 512e-6, rel=0.1)
     between = perf.iteration_time(3, 3 * 512, 1)
-    assert perf.iteration_time(2, 3 * 512, 1) <= between <= perf.iteration_time(8, 3 * 512, 1)
+    assert perf.iteration_time(2, 3 * 512, 1) <= between <= perf.iteration_time(4, 3 * 512, 1)
     times = [perf.iteration_time(b, 1000, 1) for b in range(1, 17)]
     assert times == sorted(times)  # beyond 8 it extrapolates, still nondecreasing
     contexts = [perf.iteration_time(4, c, 1) for c in (0, 100, 1000, 10_000)]
     assert contexts == sorted(contexts) and contexts[0] < contexts[-1]
     assert perf.prefill_time(0, 1) == 0.0
     assert perf.prefill_time(1000, 1) == pytest.approx(0.003 + 2e-5 * 1000, rel=1e-3)
+    # A fit never goes negative, whatever the noise says.
+    flat = fit_decode([(1, 100.0, 0.01), (1, 3000.0, 0.005), (2, 200.0, 0.01)])
+    assert min(flat.fixed_s) >= 0 and min(flat.per_context_token_s) >= 0
     assert perf.kv_capacity_tokens(1) == 100_000 and perf.kv_capacity_tokens(2) == 0
 
 
@@ -71,7 +74,7 @@ def test_segment_time_is_the_sum_of_its_iterations_and_inverts() -> None:
     perf = _model()
     steps = sum(perf.iteration_time(3, 900 + 3 * i, 1) for i in range(50))
     assert perf.segment_time(3, 900, 1, 50) == pytest.approx(steps, rel=1e-9)
-    assert perf.iterations_within(3, 900, 1, steps) == 50
+    assert perf.iterations_within(3, 900, 1, steps * (1 + 1e-9)) == 50
     assert perf.iterations_within(3, 900, 1, steps * 0.999) == 49
 
 
