@@ -35,7 +35,7 @@ WORKLOAD_PRESETS = (
     "quickstart",
     "fidelity",
 )
-CLUSTER_PRESETS = {"64xh100": "cluster-64xh100.yaml"}
+CLUSTER_PRESETS = {"64xh100": "cluster-64xh100.yaml", "2xcpu-tiny": "cluster-2xcpu-tiny.yaml"}
 
 
 def _read(name_or_path: str, presets: dict[str, str], kind: str) -> tuple[Any, str]:

@@ -223,6 +223,7 @@ class Simulator:
             # batch (HTTP, the worker's handling); the datasheet model has no such delay.
             sim.traj.state = TrajectoryState.QUEUED
             self._arriving[sim.id] = engine.name
+            engine.arriving += 1  # counted in its load at once, as the session counts it
             self._push(now + self.perf.step_overhead_s, _ARRIVE, sim.id)
             return
         engine.enqueue(sim, now)
@@ -230,6 +231,7 @@ class Simulator:
 
     def _arrive(self, sim: SimTrajectory, now: float) -> None:
         engine = self.engines[self._arriving.pop(sim.id)]
+        engine.arriving -= 1
         engine.enqueue(sim, now)
         self._kick(engine, now, arrival=True)
 
