@@ -123,7 +123,7 @@ class _Driver:
         )
         await self.drop(tids)
         per_iteration = [
-            r["timings"]["decode_s"] / (len(r["token_ids"]) - 1)
+            float(r["timings"]["decode_s"]) / (len(r["token_ids"]) - 1)
             for r in replies
             if len(r["token_ids"]) > 1
         ]
