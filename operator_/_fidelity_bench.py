@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -183,9 +184,19 @@ def bench_fidelity(
     sim_rank = _ranking(simulated)
     # One round has no spread to tell a difference from noise: no pair counts as separated.
     separated, agreeing = pairs_agree(rows) if rounds > 1 else (0, 0)
+    every_run = [r for runs in real["runs"].values() for r in runs]
+    cores = os.cpu_count() or 1
     return {
         "workload": workload.name,
         "trajectories": len(scripts),
+        # Not in the simulator: the session's CPU on the workers' cores, and others' load.
+        "session_cpu_share": statistics.median(
+            r["session_cpu_s"] / (r["makespan_s"] * cores) for r in every_run
+        ),
+        "load_average_1m": [
+            min(r["load_average_1m"] for r in every_run),
+            max(r["load_average_1m"] for r in every_run),
+        ],
         "workers": workers,
         "max_num_seqs": options.max_num_seqs,
         "kv_capacity_tokens": perf.kv_capacity_tokens(1),
@@ -227,6 +238,12 @@ def format_fidelity(result: Mapping[str, Any]) -> str:
         f"ranking (fastest first): real {' < '.join(result['real_ranking'])}; simulated "
         f"{' < '.join(result['sim_ranking'])}: {agree}; within {TARGET_ERROR:.0%}: "
         f"{'yes' if result['within_target'] else 'no'}"
+    )
+    low, high = result["load_average_1m"]
+    lines.append(
+        f"the session process used {result['session_cpu_share']:.0%} of the machine's CPU "
+        f"(median over runs; not simulated); load average {low:.1f}-{high:.1f} "
+        f"on {os.cpu_count()} cores"
     )
     lines.append(
         f"pairs of policies the real run separates (makespan ranges over rounds apart): "

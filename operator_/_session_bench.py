@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import resource
 import statistics
 import time
@@ -117,6 +118,7 @@ def bench_engines(
             for policy in order:
                 output = out / "runs" / f"{policy}-r{r}.jsonl"
                 output.unlink(missing_ok=True)
+                cpu = time.process_time()
                 result, finishes = await _one_run(
                     workers,
                     job=f"{policy}-r{r}",
@@ -132,7 +134,11 @@ def bench_engines(
                     perf=perf,
                 )
                 p = result.progress
+                # The session's CPU and the machine's load: on a CPU testbed the session
+                # competes with the workers for the cores, and so do other processes.
                 row = {
+                    "session_cpu_s": time.process_time() - cpu,
+                    "load_average_1m": os.getloadavg()[0],
                     "round": r,
                     "makespan_s": p.elapsed_s,
                     "tokens": p.tokens,
