@@ -483,6 +483,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="'engines', 'fidelity': interleaved rounds; 'profile': repeats per point",
     )
     p_bench.add_argument(
+        "--reprofile",
+        action="store_true",
+        help="for 'fidelity': profile the workers again after the rounds and simulate on "
+        "both profiles (how far the machine drifted meanwhile)",
+    )
+    p_bench.add_argument(
         "--profile",
         default=None,
         help="for 'fidelity': an engine profile (JSON, or vllm-cpu-tiny); default: measure one",

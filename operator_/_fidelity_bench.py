@@ -150,8 +150,14 @@ def bench_fidelity(
     seed: int,
     out: Path,
     progress: Callable[[str], None] = print,
+    reprofile: Callable[[], EngineProfile] | None = None,
 ) -> dict[str, Any]:
-    """Real and simulated makespan per policy; see the module docstring."""
+    """Real and simulated makespan per policy; see the module docstring.
+
+    ``reprofile`` measures the engine again after the rounds; the simulator
+    then also runs on that profile, which brackets how far the machine's
+    speed drifted while the rounds ran.
+    """
     if 1 not in profile.tps:
         raise ConfigError(f"profile {profile.name!r} has no TP1 measurements; profile at TP1")
     cluster = fidelity_cluster(profile, workers, options.max_num_seqs)
@@ -168,6 +174,11 @@ def bench_fidelity(
     records = _read_records(out / "runs" / f"{policies[0]}-r0.jsonl")
     as_tokenized, extra = tokenized_scripts(scripts, records, workload.samples_per_prompt)
     simulated = simulate(as_tokenized, cluster, policies, means)
+    after: dict[str, float] = {}
+    if reprofile is not None:
+        later = reprofile()
+        after = simulate(as_tokenized, fidelity_cluster(later, workers, options.max_num_seqs),
+                         policies, means)  # fmt: skip
     rows: dict[str, dict[str, float]] = {}
     for p in policies:
         measured = real["policies"][p]["median_makespan_s"]
@@ -180,6 +191,9 @@ def bench_fidelity(
             "sim_scripted_makespan_s": scripted[p],
             "error": simulated[p] / measured - 1.0,
         }
+        if after:
+            rows[p]["sim_after_makespan_s"] = after[p]
+            rows[p]["error_after"] = after[p] / measured - 1.0
     real_rank = _ranking({p: r["real_median_makespan_s"] for p, r in rows.items()})
     sim_rank = _ranking(simulated)
     # One round has no spread to tell a difference from noise: no pair counts as separated.
@@ -229,10 +243,16 @@ def format_fidelity(result: Mapping[str, Any]) -> str:
         spread = f"{r['real_median_makespan_s']:.1f} s ({r['real_min_makespan_s']:.1f}-" + (
             f"{r['real_max_makespan_s']:.1f})"
         )
-        lines.append(
+        line = (
             f"{p:>10s} {spread:>24s} {r['sim_makespan_s']:8.1f} s {r['error']:+7.1%}"
             f" {r['sim_scripted_makespan_s']:19.1f} s"
         )
+        if "error_after" in r:
+            line += (
+                f"   on the profile taken after: {r['sim_after_makespan_s']:.1f} s "
+                f"{r['error_after']:+.1%}"
+            )
+        lines.append(line)
     agree = "agrees" if result["ranking_agrees"] else "DISAGREES"
     lines.append(
         f"ranking (fastest first): real {' < '.join(result['real_ranking'])}; simulated "
@@ -292,9 +312,18 @@ def run_from_args(args: Any, out: Path) -> dict[str, Any]:
         log_dir=out / "logs",
     )
     policies = [p for p in (args.policies or "heddle,verl,slime").split(",") if p]
+
+    def again() -> EngineProfile:
+        name = "vllm-cpu-tiny-after"
+        model = _model_dir(args.model or "tiny", None)
+        bench_profile(model=model, repeats=1, seed=args.seed + 1, out=out, name=name)
+        return load_profile(str((out / f"profile-{name}.json").resolve()))
+
+    if args.reprofile and engine != "vllm":
+        raise ConfigError("--reprofile measures vLLM workers; drop it with --engine sim")
     result = bench_fidelity(
         workload=workload, profile=profile, policies=policies, options=options, workers=2,
-        rounds=args.rounds, seed=args.seed, out=out,
+        rounds=args.rounds, seed=args.seed, out=out, reprofile=again if args.reprofile else None,
     )  # fmt: skip
     print(format_fidelity(result))
     return result
