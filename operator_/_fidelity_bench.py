@@ -45,6 +45,7 @@ __all__ = [
     "bench_fidelity",
     "fidelity_cluster",
     "format_fidelity",
+    "outside_engine_per_step",
     "pairs_agree",
     "run_from_args",
     "simulate",
@@ -134,6 +135,21 @@ def pairs_agree(rows: Mapping[str, Mapping[str, float]]) -> tuple[int, int]:
     return separated, agreeing
 
 
+def outside_engine_per_step(records: Sequence[Mapping[str, Any]]) -> float:
+    """Median over trajectories of the time per step spent neither in the worker's engine
+    nor in the tool: HTTP, the session's loop, the worker's handling before vLLM.
+
+    The simulator knows only the profile's ``request_overhead_s`` for it.
+    """
+    per_step = [
+        (r["timings"]["duration_s"] - r["timings"]["tool_s"] - r["timings"]["generate_s"])
+        / r["turns"]
+        for r in records
+        if r.get("turns")
+    ]
+    return statistics.median(per_step) if per_step else 0.0
+
+
 def _read_records(path: Path) -> list[dict[str, Any]]:
     with path.open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -199,6 +215,11 @@ def bench_fidelity(
     # One round has no spread to tell a difference from noise: no pair counts as separated.
     separated, agreeing = pairs_agree(rows) if rounds > 1 else (0, 0)
     every_run = [r for runs in real["runs"].values() for r in runs]
+    outside = statistics.median(
+        outside_engine_per_step(_read_records(out / "runs" / f"{p}-r{r}.jsonl"))
+        for p in policies
+        for r in range(rounds)
+    )
     cores = os.cpu_count() or 1
     return {
         "workload": workload.name,
@@ -226,7 +247,8 @@ def bench_fidelity(
         "pairs_simulator_orders_alike": agreeing,
         "within_target": all(abs(r["error"]) <= TARGET_ERROR for r in rows.values()),
         "tokenization": extra,
-        "request_overhead_s": float(profile.raw.get("request_overhead_s", 0.0)),
+        "request_overhead_s": profile.request_overhead_s,
+        "real_outside_engine_per_step_s": outside,
         "real": real,
     }
 
@@ -264,6 +286,11 @@ def format_fidelity(result: Mapping[str, Any]) -> str:
         f"the session process used {result['session_cpu_share']:.0%} of the machine's CPU "
         f"(median over runs; not simulated); load average {low:.1f}-{high:.1f} "
         f"on {os.cpu_count()} cores"
+    )
+    outside, overhead = result["real_outside_engine_per_step_s"], result["request_overhead_s"]
+    lines.append(
+        f"time per step outside the engine and the tool: real {outside:.3f} s (median), "
+        f"simulated {overhead:.3f} s (the profile's request overhead)"
     )
     lines.append(
         f"pairs of policies the real run separates (makespan ranges over rounds apart): "

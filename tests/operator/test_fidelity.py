@@ -12,7 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from heddle.operator._fidelity_bench import pairs_agree, tokenized_scripts
+from heddle.operator._fidelity_bench import (
+    outside_engine_per_step,
+    pairs_agree,
+    tokenized_scripts,
+)
 from heddle.operator._presets import load_workload
 from heddle.scheduler import generate
 
@@ -37,6 +41,7 @@ def test_bench_fidelity_on_sim_workers_matches_the_simulator(tmp_path: Path) -> 
     # Prompts and tool replies reach the engine longer than scripted (the chat template).
     assert result["tokenization"]["trajectories_matched"] == 8
     assert result["tokenization"]["prompt_extra_tokens"] > 0
+    assert 0 <= result["real_outside_engine_per_step_s"] < 1.0
 
 
 def test_tokenized_scripts_take_the_engines_counts_and_pairs_need_separation() -> None:
@@ -54,3 +59,12 @@ def test_tokenized_scripts_take_the_engines_counts_and_pairs_need_separation() -
     close = {"real_min_makespan_s": 10.5, "real_max_makespan_s": 12.0, "sim_makespan_s": 9.0}
     assert pairs_agree({"a": row, "b": apart}) == (1, 0)  # separated, ordered the other way
     assert pairs_agree({"a": row, "b": close}) == (0, 0)  # overlapping: noise, not counted
+
+
+def test_time_outside_the_engine_is_what_neither_the_engine_nor_the_tool_took() -> None:
+    records = [
+        {"turns": 2, "timings": {"duration_s": 3.0, "tool_s": 1.0, "generate_s": 1.5}},
+        {"turns": 4, "timings": {"duration_s": 5.0, "tool_s": 2.0, "generate_s": 2.2}},
+        {"turns": 0, "timings": {"duration_s": 0.1, "tool_s": 0.0, "generate_s": 0.0}},
+    ]
+    assert outside_engine_per_step(records) == pytest.approx((0.25 + 0.2) / 2)
