@@ -1,7 +1,9 @@
-"""``heddle bench profile``: measure one real worker into an engine profile.
+"""``heddle bench profile``: measure real workers into an engine profile.
 
-One ``heddle worker --engine vllm`` (a local subprocess, TP1: vLLM's CPU build
-runs one rank per core here) gets controlled batches through its HTTP API:
+Two ``heddle worker --engine vllm`` processes (local subprocesses, TP1:
+vLLM's CPU build runs one rank per core here), driven at once because in a
+rollout they share the machine's cores, get controlled batches through
+their HTTP API; their measurements are pooled:
 
 * decode: ``b`` trajectories of ``L`` context tokens each are prefilled, then
   all append one token and generate ``N`` more together (``ignore_eos``); the
