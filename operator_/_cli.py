@@ -32,6 +32,8 @@ BENCH_TARGETS = (
     "weights",
     "memory",
     "gateway",
+    "profile",
+    "fidelity",
 )
 DEFAULT_POLICIES = "heddle,verl,verl-star,slime"
 
@@ -164,6 +166,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from ._session_bench import run_from_args
 
         result = run_from_args(args, out)
+    elif args.target in ("profile", "fidelity"):
+        from ._fidelity_bench import run_from_args as run_fidelity
+
+        result = run_fidelity(args, out)
     elif args.target == "placement":
         result = mb.bench_placement(
             trajectories=args.trajectories or 4096,
@@ -463,7 +469,10 @@ def build_parser() -> argparse.ArgumentParser:
         "worker: tokens/s through the worker API against vLLM's own generate; "
         "weights: a checkpoint swap in place against a worker restart; "
         "memory: the session's bytes per trajectory at 10K and 40K tokens; "
-        "gateway: an external job's per-call overhead and calls/s.",
+        "gateway: an external job's per-call overhead and calls/s; "
+        "profile: one real vLLM worker measured into an engine profile (JSON); "
+        "fidelity: one workload on real workers and in the simulator on the profile, "
+        "makespan per policy from both.",
     )
     p_bench.add_argument(
         "target", nargs="?", default="rollout", choices=BENCH_TARGETS, help="what to benchmark"
@@ -489,7 +498,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_bench.add_argument("--quiet", action="store_true", help="no progress bar")
     p_bench.add_argument(
-        "--model", default=None, help="for 'worker' and 'weights': a model directory"
+        "--model",
+        default=None,
+        help="for 'worker', 'weights', 'profile', 'fidelity': a model directory (or tiny)",
     )
     p_bench.add_argument(
         "--concurrency", type=int, default=32, help="for 'worker' and 'gateway' (agents)"
@@ -513,7 +524,23 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument(
         "--engine", choices=("vllm", "sim"), default="vllm", help="for 'engines': local workers"
     )
-    p_bench.add_argument("--rounds", type=int, default=3, help="for 'engines': interleaved rounds")
+    p_bench.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="'engines', 'fidelity': interleaved rounds; 'profile': repeats per point",
+    )
+    p_bench.add_argument(
+        "--reprofile",
+        action="store_true",
+        help="for 'fidelity': profile the workers again after the rounds and simulate on "
+        "both profiles (how far the machine drifted meanwhile)",
+    )
+    p_bench.add_argument(
+        "--profile",
+        default=None,
+        help="for 'fidelity': an engine profile (JSON, or vllm-cpu-tiny); default: measure one",
+    )
     p_bench.add_argument(
         "--max-num-seqs",
         type=int,

@@ -48,6 +48,7 @@ class LocalWorkerOptions:
     max_num_seqs: int = 64
     time_scale: float = 1.0  # sim: multiplies the performance model's times
     scripted_replies: bool = False  # sim: answer with <reply> blocks of the prompt (tests)
+    cluster: str | None = None  # sim: the cluster file (its performance model) to run on
     host: str = "127.0.0.1"
     startup_timeout_s: float = 300.0
     grace_s: float = 5.0
@@ -105,6 +106,8 @@ class LocalPool:
             cmd += ["--kv-cache-gib", str(o.kv_cache_gib), "--max-num-seqs", str(o.max_num_seqs)]
         else:
             cmd += ["--time-scale", str(o.time_scale)]
+            if o.cluster:
+                cmd += ["--cluster", o.cluster]
             if o.scripted_replies:
                 cmd.append("--scripted-replies")
         return cmd

@@ -33,8 +33,9 @@ WORKLOAD_PRESETS = (
     "bimodal",
     "swe",
     "quickstart",
+    "fidelity",
 )
-CLUSTER_PRESETS = {"64xh100": "cluster-64xh100.yaml"}
+CLUSTER_PRESETS = {"64xh100": "cluster-64xh100.yaml", "2xcpu-tiny": "cluster-2xcpu-tiny.yaml"}
 
 
 def _read(name_or_path: str, presets: dict[str, str], kind: str) -> tuple[Any, str]:
@@ -63,7 +64,9 @@ def load_workload(name_or_path: str) -> WorkloadSpec:
 def load_cluster(name_or_path: str) -> ClusterSpec:
     """A cluster preset (``64xh100``) or a YAML file."""
     data, source = _read(name_or_path, CLUSTER_PRESETS, "cluster")
-    return ClusterSpec.from_dict(data, source)
+    # A profile path in a cluster file is relative to that file.
+    base = None if name_or_path in CLUSTER_PRESETS else Path(name_or_path).parent
+    return ClusterSpec.from_dict(data, source, base)
 
 
 def _trace_rows(path: Path) -> list[tuple[str, Any]]:

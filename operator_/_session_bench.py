@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import resource
 import statistics
 import time
@@ -22,7 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from heddle.scheduler import WorkloadSpec
+from heddle.scheduler import PerfModel, WorkloadSpec
 
 from ._client import WorkerEndpoint
 from ._environments import SyntheticEnvironment, synthetic_tasks
@@ -57,6 +58,7 @@ async def _one_run(
     output: Path,
     max_total_tokens: int,
     config: SessionConfig,
+    perf: PerfModel | None = None,
 ) -> tuple[SessionResult, list[float]]:
     env = SyntheticEnvironment(
         workload, len(tasks), samples, seed=seed, tool_time_scale=tool_time_scale
@@ -68,7 +70,7 @@ async def _one_run(
         environment=env,
         workers=workers,
         sink=OutputSink(output, fsync_interval_s=5.0),
-        perf=_pool_spec_perf(),
+        perf=perf if perf is not None else _pool_spec_perf(),
         sampling=SamplingSpec(
             max_tokens_per_turn=max_total_tokens, max_total_tokens=max_total_tokens
         ),
@@ -97,8 +99,13 @@ def bench_engines(
     tool_time_scale: float,
     out: Path,
     progress: Callable[[str], None] = print,
+    perf: PerfModel | None = None,
 ) -> dict[str, Any]:
-    """A/B of ``policies`` on one set of local workers; see the module docstring."""
+    """A/B of ``policies`` on one set of local workers; see the module docstring.
+
+    ``perf`` is the planners' performance model (default: Qwen3-8B on H100,
+    what ``heddle run`` plans with for a model that is not a preset).
+    """
     tasks = synthetic_tasks(workload.prompts, workload, seed)
     pool = LocalPool(tps, options)
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
@@ -111,6 +118,7 @@ def bench_engines(
             for policy in order:
                 output = out / "runs" / f"{policy}-r{r}.jsonl"
                 output.unlink(missing_ok=True)
+                cpu = time.process_time()
                 result, finishes = await _one_run(
                     workers,
                     job=f"{policy}-r{r}",
@@ -123,9 +131,14 @@ def bench_engines(
                     output=output,
                     max_total_tokens=workload.max_output_tokens,
                     config=SessionConfig(replan_interval_s=1.0),
+                    perf=perf,
                 )
                 p = result.progress
+                # The session's CPU and the machine's load: on a CPU testbed the session
+                # competes with the workers for the cores, and so do other processes.
                 row = {
+                    "session_cpu_s": time.process_time() - cpu,
+                    "load_average_1m": os.getloadavg()[0],
                     "round": r,
                     "makespan_s": p.elapsed_s,
                     "tokens": p.tokens,

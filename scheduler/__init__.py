@@ -65,6 +65,14 @@ from ._predictor import (
     ProgressPredictor,
     SiblingPredictor,
 )
+from ._profiled import (
+    PROFILE_FORMAT,
+    EngineProfile,
+    ProfiledPerfModel,
+    fit_decode,
+    fit_prefill,
+    load_profile,
+)
 from ._shape import AnnealingShapePlanner, FixedShape, ShapeConfig, ShapePlan, ShapePlanner
 from ._stats import pearson, tail_recall
 from ._trace import BenchWorkload, scripts_from_trace, synthetic_bench, trace_bench
@@ -84,6 +92,7 @@ __all__ = [
     "HARDWARE_PRESETS",
     "MODEL_PRESETS",
     "POLICIES",
+    "PROFILE_FORMAT",
     "SAMPLING_LIMITS",
     "AnnealingShapePlanner",
     "BenchWorkload",
@@ -92,6 +101,7 @@ __all__ = [
     "DPPlacement",
     "Distribution",
     "EngineInstance",
+    "EngineProfile",
     "FCFSOrdering",
     "FinishedTrajectory",
     "FixedShape",
@@ -113,6 +123,7 @@ __all__ = [
     "Prediction",
     "PredictorConfig",
     "PredictorQuality",
+    "ProfiledPerfModel",
     "ProgressPredictor",
     "ProgressivePriority",
     "RoundRobinPlacement",
@@ -134,11 +145,14 @@ __all__ = [
     "check_tp_sizes",
     "engine_priority",
     "evaluate_predictor",
+    "fit_decode",
+    "fit_prefill",
     "fits_nodes",
     "generate",
     "get_policy",
     "group_cost",
     "history_of",
+    "load_profile",
     "make_migration",
     "make_ordering",
     "make_placement",

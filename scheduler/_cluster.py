@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from heddle.exceptions import WorkloadError
 
 from ._perf import HARDWARE_PRESETS, MODEL_PRESETS, PerfModel
+from ._profiled import EngineProfile, ProfiledPerfModel, load_profile
 from ._types import PoolShape, check_tp_sizes
 from ._workload import _number, _take
 
@@ -26,14 +28,24 @@ class ClusterSpec:
     tensor_parallel_sizes: tuple[int, ...]
     baseline_tp: int
     batch_cap: int = 100
+    # A measured engine (``heddle bench profile``) instead of the model and hardware presets.
+    profile: EngineProfile | None = None
 
     def __post_init__(self) -> None:
-        if self.model not in MODEL_PRESETS:
+        if self.profile is not None:
+            missing = sorted(set(self.tensor_parallel_sizes) - set(self.profile.tps))
+            if missing:
+                raise WorkloadError(
+                    f"cluster {self.name!r}: profile {self.profile.name!r} measured TP "
+                    f"{list(self.profile.tps)} only, not {missing}; set tensor_parallel_sizes "
+                    "to measured degrees or profile a worker at those"
+                )
+        elif self.model not in MODEL_PRESETS:
             raise WorkloadError(
                 f"cluster {self.name!r}: unknown model {self.model!r}; "
                 f"choose one of {sorted(MODEL_PRESETS)}"
             )
-        if self.hardware not in HARDWARE_PRESETS:
+        if self.profile is None and self.hardware not in HARDWARE_PRESETS:
             raise WorkloadError(
                 f"cluster {self.name!r}: unknown hardware {self.hardware!r}; "
                 f"choose one of {sorted(HARDWARE_PRESETS)}"
@@ -51,13 +63,21 @@ class ClusterSpec:
             )
 
     @classmethod
-    def from_dict(cls, data: Any, source: str = "cluster") -> ClusterSpec:
-        d = _take(
-            data,
-            source,
-            {"name", "gpus", "model"},
-            {"gpus_per_node", "hardware", "tensor_parallel_sizes", "baseline_tp", "batch_cap"},
-        )
+    def from_dict(
+        cls, data: Any, source: str = "cluster", base_dir: Path | None = None
+    ) -> ClusterSpec:
+        """``profile`` names a shipped profile or a JSON file (relative to ``base_dir``)."""
+        optional = {"gpus_per_node", "hardware", "tensor_parallel_sizes", "baseline_tp"}
+        optional |= {"batch_cap", "profile", "model"}
+        d = _take(data, source, {"name", "gpus"}, optional)
+        profile = None
+        if "profile" in d:
+            if not isinstance(d["profile"], str) or not d["profile"]:
+                raise WorkloadError(f"{source}.profile: expected a profile name or a file path")
+            profile = load_profile(d["profile"], base_dir)
+        elif "model" not in d:
+            raise WorkloadError(f"{source}: missing field(s) ['model'] (or give a profile)")
+        model = str(d["model"]).lower() if "model" in d or profile is None else profile.model.name
         sizes = d.get("tensor_parallel_sizes", [1, 2, 4, 8])
         if not isinstance(sizes, list) or not sizes:
             raise WorkloadError(f"{source}.tensor_parallel_sizes: expected a list, got {sizes!r}")
@@ -69,8 +89,8 @@ class ClusterSpec:
                     d.get("gpus_per_node", 8), f"{source}.gpus_per_node", minimum=1, integer=True
                 )
             ),
-            model=str(d["model"]).lower(),
-            hardware=str(d.get("hardware", "h100-sxm")).lower(),
+            model=model,
+            hardware=str(d.get("hardware", "h100-sxm" if profile is None else "profiled")).lower(),
             tensor_parallel_sizes=tuple(
                 int(_number(x, f"{source}.tensor_parallel_sizes[{i}]", minimum=1, integer=True))
                 for i, x in enumerate(sizes)
@@ -81,9 +101,12 @@ class ClusterSpec:
             batch_cap=int(
                 _number(d.get("batch_cap", 100), f"{source}.batch_cap", minimum=1, integer=True)
             ),
+            profile=profile,
         )
 
     def perf_model(self) -> PerfModel:
+        if self.profile is not None:
+            return ProfiledPerfModel.from_profile(self.profile, self.batch_cap)
         return PerfModel(MODEL_PRESETS[self.model], HARDWARE_PRESETS[self.hardware], self.batch_cap)
 
     def baseline_shape(self) -> PoolShape:

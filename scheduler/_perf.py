@@ -128,6 +128,12 @@ class PerfModel:
                 f"typical_context_tokens={self.typical_context_tokens} must be at least 1"
             )
 
+    @property
+    def step_overhead_s(self) -> float:
+        """Time a step spends outside the engine (HTTP, the worker's bookkeeping) before
+        it can join a batch. The datasheet model has none: it costs the GPU alone."""
+        return 0.0
+
     # -- capacity ---------------------------------------------------------
     def kv_capacity_tokens(self, tp: int) -> int:
         """Tokens of KV cache an instance of ``tp`` GPUs holds (0 if the weights do not fit)."""

@@ -26,6 +26,7 @@ import numpy as np
 
 from .._cluster import ClusterSpec
 from .._perf import PerfModel
+from .._profiled import ProfiledPerfModel
 from .._workload import TrajectoryScript
 
 __all__ = ["LowerBound", "lower_bound"]
@@ -142,19 +143,28 @@ def _iteration_share_cost(
     return best
 
 
-def lower_bound(scripts: Sequence[TrajectoryScript], cluster: ClusterSpec) -> LowerBound:
-    perf = cluster.perf_model()
+def _profiled_work(
+    perf: ProfiledPerfModel, tps: Sequence[int], tokens: float, context_sum: float, prefill: int
+) -> float:
+    """A measured engine's floor: each token at its cheapest batch and TP, prefill per token."""
+    decode = min(perf.decode_work_floor(tokens, context_sum, tp) for tp in tps)
+    per_prefill_token = min(tp * perf.profile.prefill[tp].per_token_s for tp in tps)
+    return decode + prefill * per_prefill_token
+
+
+def _roofline_work(
+    perf: PerfModel,
+    tps: Sequence[int],
+    starts: np.ndarray,
+    counts: np.ndarray,
+    context_sum: float,
+    prefill_tokens: int,
+) -> float:
+    """GPU-seconds of the datasheet model (the module docstring's derivation)."""
     hw, model = perf.hardware, perf.model
-    tps = [
-        tp
-        for tp in cluster.tensor_parallel_sizes
-        if tp <= cluster.gpus and perf.kv_capacity_tokens(tp) > 0
-    ]
     bandwidth = hw.hbm_bandwidth_gbps * 1e9 * hw.bandwidth_efficiency  # per GPU
     flops = hw.bf16_tflops * 1e12 * hw.compute_efficiency  # per GPU
-    starts, counts = _runs(scripts)
     tokens = float(counts.sum())
-    context_sum = float((counts * starts + counts * (counts - 1.0) / 2.0).sum())
     kv = np.asarray([perf.kv_capacity_tokens(tp) for tp in tps], dtype=np.float64)
     fixed = np.asarray([tp * perf._fixed_time(1, tp) for tp in tps], dtype=np.float64)
     weights = model.weight_bytes / bandwidth
@@ -167,9 +177,26 @@ def lower_bound(scripts: Sequence[TrajectoryScript], cluster: ClusterSpec) -> Lo
         + 2.0 * model.params_billion * 1e9 * tokens / flops
         + 4.0 * model.num_layers * model.hidden_size * context_sum / flops
     )
-    prefill_tokens = sum(s.prompt_tokens + sum(s.tool_output_tokens) for s in scripts)
     prefill = 2.0 * model.params_billion * 1e9 * prefill_tokens / flops
-    work = (max(memory_side, compute_side) + prefill) / cluster.gpus
+    return max(memory_side, compute_side) + prefill
+
+
+def lower_bound(scripts: Sequence[TrajectoryScript], cluster: ClusterSpec) -> LowerBound:
+    perf = cluster.perf_model()
+    tps = [
+        tp
+        for tp in cluster.tensor_parallel_sizes
+        if tp <= cluster.gpus and perf.kv_capacity_tokens(tp) > 0
+    ]
+    starts, counts = _runs(scripts)
+    tokens = float(counts.sum())
+    context_sum = float((counts * starts + counts * (counts - 1.0) / 2.0).sum())
+    prefill_tokens = sum(s.prompt_tokens + sum(s.tool_output_tokens) for s in scripts)
+    if isinstance(perf, ProfiledPerfModel):
+        work = _profiled_work(perf, tps, tokens, context_sum, prefill_tokens) / cluster.gpus
+    else:
+        work = _roofline_work(perf, tps, starts, counts, context_sum, prefill_tokens)
+        work /= cluster.gpus
     # Only the longest trajectories (by tokens or by tool time) can decide the serial bound.
     by_tokens = sorted(scripts, key=lambda s: -s.total_tokens)[:32]
     by_tools = sorted(scripts, key=lambda s: -sum(s.tool_latency_s))[:32]

@@ -130,6 +130,7 @@ class SimEngine:
         self.version = 0  # bumps whenever the pending wake-up is superseded
         self.pending_prefill_tokens = 0  # migrations warming this engine's cache
         self.draining = False
+        self.arriving = 0  # steps routed here still on their way (a profiled step overhead)
         self.busy_s = 0.0
         self.generated_tokens = 0
         self.preemptions = 0
@@ -141,7 +142,7 @@ class SimEngine:
 
     @property
     def load(self) -> int:
-        return len(self.running) + len(self.waiting)
+        return len(self.running) + len(self.waiting) + self.arriving
 
     def _free_kv(self, needed: int, keep: str | None = None) -> bool:
         """Make room for ``needed`` more tokens, evicting idle caches least recent first.

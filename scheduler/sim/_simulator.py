@@ -32,8 +32,8 @@ from ._results import SimResult, summarise
 
 __all__ = ["SimConfig", "Simulator"]
 
-_WAKE, _TOOL, _MIGRATED, _REPLAN = range(4)
-_EVENT_NAMES = ("wake", "tool", "migrated", "replan")
+_WAKE, _TOOL, _MIGRATED, _REPLAN, _ARRIVE = range(5)
+_EVENT_NAMES = ("wake", "tool", "migrated", "replan", "arrive")
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,7 @@ class Simulator:
         self._seq = itertools.count()
         self._moving: set[str] = set()  # engines sending or receiving a move
         self._move_of: dict[str, Move] = {}
+        self._arriving: dict[str, str] = {}  # trajectory -> engine its step is on its way to
         self._finished = 0
         self._not_started: list[SimTrajectory] = []  # past the in-flight cap, reversed order
         self.migrations = 0
@@ -217,6 +218,20 @@ class Simulator:
         sim.start_turn()
         sim.traj.ready_s = now
         engine = self.engines[self.placement.route(sim.traj, self._view())]
+        if self.perf.step_overhead_s > 0:
+            # A measured engine's request spends this long outside it before it can join a
+            # batch (HTTP, the worker's handling); the datasheet model has no such delay.
+            sim.traj.state = TrajectoryState.QUEUED
+            self._arriving[sim.id] = engine.name
+            engine.arriving += 1  # counted in its load at once, as the session counts it
+            self._push(now + self.perf.step_overhead_s, _ARRIVE, sim.id)
+            return
+        engine.enqueue(sim, now)
+        self._kick(engine, now, arrival=True)
+
+    def _arrive(self, sim: SimTrajectory, now: float) -> None:
+        engine = self.engines[self._arriving.pop(sim.id)]
+        engine.arriving -= 1
         engine.enqueue(sim, now)
         self._kick(engine, now, arrival=True)
 
@@ -334,6 +349,8 @@ class Simulator:
                 self._tool_done(self.sims[key], now)
             elif kind == _MIGRATED:
                 self._migrated(self.sims[key], now)
+            elif kind == _ARRIVE:
+                self._arrive(self.sims[key], now)
             elif kind == _REPLAN:
                 self._replan(now)
                 if self._finished < total:
