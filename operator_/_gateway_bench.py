@@ -51,7 +51,7 @@ _MODEL = "bench-model"
 
 async def _direct(worker: WorkerEndpoint, calls: int) -> list[float]:
     """Seconds per step of one trajectory, straight to the worker API."""
-    http = HttpPool(worker.url, 4)
+    http = HttpPool(worker.url, 4, token=worker.token)
     client = WorkerClient(worker, http)
     sampling = {"max_tokens": TOKENS_PER_CALL, "temperature": 1.0, "ignore_eos": True}
     took = []

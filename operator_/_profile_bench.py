@@ -37,6 +37,7 @@ import httpx
 from heddle.exceptions import ConfigError
 from heddle.scheduler import PROFILE_FORMAT, fit_decode, fit_prefill
 
+from ._client import WorkerEndpoint
 from ._local import LocalPool, LocalWorkerOptions
 
 __all__ = ["DEFAULT_BATCHES", "DEFAULT_CONTEXTS", "bench_profile", "model_spec_of"]
@@ -140,7 +141,7 @@ class _Driver:
 
 
 async def _measure_one(
-    url: str,
+    worker: WorkerEndpoint,
     batches: Sequence[int],
     contexts: Sequence[int],
     prefills: Sequence[int],
@@ -149,7 +150,9 @@ async def _measure_one(
     progress: Callable[[str], None],
 ) -> tuple[dict[tuple[int, int], list[float]], dict[int, list[float]], list[float]]:
     """One worker's decode and prefill times per point, and its requests' overheads."""
-    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+    url = worker.url
+    headers = {} if worker.token is None else {"Authorization": f"Bearer {worker.token}"}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600) as client:
         state = (await client.get("/v1/state")).json()
         driver = _Driver(client, int(state["vocab_size"]), seed)
         await driver.decode(2, 64)  # warm-up: first requests pay one-off costs
@@ -168,7 +171,7 @@ async def _measure_one(
 
 
 async def _measure(
-    urls: Sequence[str],
+    workers: Sequence[WorkerEndpoint],
     batches: Sequence[int],
     contexts: Sequence[int],
     prefills: Sequence[int],
@@ -179,8 +182,8 @@ async def _measure(
     """Every worker measured at once (they share the machine as in a rollout); pooled."""
     each = await asyncio.gather(
         *(
-            _measure_one(url, batches, contexts, prefills, repeats, seed + i, progress)
-            for i, url in enumerate(urls)
+            _measure_one(worker, batches, contexts, prefills, repeats, seed + i, progress)
+            for i, worker in enumerate(workers)
         )
     )
     decode: list[list[float]] = []
@@ -239,8 +242,8 @@ def bench_profile(
     pool = LocalPool([1] * workers, options)
 
     async def go() -> dict[str, Any]:
-        urls = [e.url for e in await pool.start()]
-        return await _measure(urls, batches, contexts, prefills, repeats, seed, progress)
+        workers = await pool.start()
+        return await _measure(workers, batches, contexts, prefills, repeats, seed, progress)
 
     started = time.perf_counter()
     try:
