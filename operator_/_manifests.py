@@ -313,15 +313,17 @@ def _external(e: Fields) -> ExternalSpec:
 def _environment(f: Fields) -> EnvironmentSpec:
     kind = f.choice("type", ("tools", "synthetic", "external"), "tools")
     reward = parse_reward(f.sub("reward")) if f.has("reward") else f.raw("reward")
+    for other in ("tools", "synthetic", "external"):
+        if other != kind and f.has(other):
+            # A block of another type would be ignored: say so instead of running without it.
+            raise ManifestError(
+                f"{f.where(other)} does not apply to environment.type {kind}; remove it, "
+                f"or set type: {other}"
+            )
+        if other != kind:
+            f.raw(other)  # null, or absent: nothing to read
     if kind == "external":
-        for other in ("tools", "synthetic"):
-            if f.has(other):
-                raise ManifestError(
-                    f"{f.where(other)} does not apply to environment.type external (the agent "
-                    f"runs its own tools); remove it or set type: {other}"
-                )
         return EnvironmentSpec("external", external=_external(f.sub("external")), reward=reward)
-    f.raw("external")
     if kind == "tools":
         t = f.sub("tools")
         endpoints = []
@@ -350,7 +352,6 @@ def _environment(f: Fields) -> EnvironmentSpec:
             max_reply_chars=t.integer("maxReplyChars", 16_384, minimum=1),
         )
         t.done()
-        f.raw("synthetic")
         return EnvironmentSpec("tools", tools=tools, reward=reward)
     s = f.sub("synthetic")
     workload = s.required("workload")
@@ -362,7 +363,6 @@ def _environment(f: Fields) -> EnvironmentSpec:
         tool_time_scale=s.number("toolTimeScale", 1.0),
     )
     s.done()
-    f.raw("tools")
     return EnvironmentSpec("synthetic", synthetic=synthetic, reward=reward)
 
 

@@ -396,6 +396,33 @@ def test_readme_resources_pass_the_crds_and_the_parser() -> None:
         (EnginePoolSpec if doc["kind"] == "EnginePool" else RolloutJobSpec).from_manifest(doc)
 
 
+@pytest.mark.parametrize(
+    ("kind", "stray"),
+    [
+        ("tools", "synthetic"),
+        ("tools", "external"),
+        ("synthetic", "tools"),
+        ("synthetic", "external"),
+    ],
+)
+def test_a_block_of_another_environment_type_is_refused_not_ignored(kind: str, stray: str) -> None:
+    environment = {
+        "type": kind,
+        "tools": JOB["spec"]["environment"]["tools"],
+        "synthetic": {"workload": "quickstart"},
+        "external": {"idleTimeoutSeconds": 5},
+    }
+    doc = _with(JOB, "spec.environment", {k: v for k, v in environment.items() if k in (
+        "type", kind, stray)})  # fmt: skip
+    with pytest.raises(ManifestError) as caught:
+        RolloutJobSpec.from_manifest(doc)
+    assert str(caught.value) == (
+        f"RolloutJob 'j' spec.environment.{stray} does not apply to environment.type {kind}; "
+        "remove it, "
+        f"or set type: {stray}"
+    )
+
+
 def test_external_environment_parses_with_defaults_and_refuses_tools() -> None:
     from ._cluster import validate
 
