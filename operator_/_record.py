@@ -17,7 +17,7 @@ import time
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from heddle.scheduler import Trajectory, TrajectoryState
 
@@ -81,12 +81,11 @@ class TrajectoryRun:
         self.tokens.extend(reply.token_ids)
         self.mask.frombytes(b"\x01" * generated)
         if want_logprobs:
-            got = reply.logprobs or []
-            if None in got:
-                # A logprob JSON cannot carry (-inf, NaN) arrives as null: kept as NaN here,
-                # written as null again (record()).
-                got = [_NAN if x is None else x for x in got]
-            self.logprobs.extend(got)
+            raw = reply.logprobs or []
+            # A logprob JSON cannot carry (-inf, NaN) arrives as null: kept as NaN here,
+            # written as null again (record()). Most steps have none: no copy then.
+            got = [_NAN if x is None else x for x in raw] if None in raw else raw
+            self.logprobs.extend(cast("list[float]", got))
             self.logprobs.frombytes(bytes(8 * max(0, generated - len(got))))
         self.messages.extend(self.pending)
         self.messages.append({"role": "assistant", "content": reply.text})
