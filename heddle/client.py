@@ -17,7 +17,7 @@ operator runs it, and reads the output from a volume this process mounts.
 
 from __future__ import annotations
 
-from heddle.operator._rollout_client import Group, Rollout
-from heddle.operator._runs import ClusterAccess, RolloutProgress
+from heddle._rollout_client import Group, Rollout
+from heddle._runs import ClusterAccess, RolloutProgress
 
 __all__ = ["ClusterAccess", "Group", "Rollout", "RolloutProgress"]

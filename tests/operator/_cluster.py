@@ -46,7 +46,7 @@ import jsonschema
 import kmock
 import yaml
 
-from heddle.operator._local import die_with_parent
+from heddle.rollout._local import die_with_parent
 
 from ._crd_rules import rule_errors
 

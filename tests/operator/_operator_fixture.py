@@ -14,7 +14,7 @@ import httpx
 import kmock
 
 from heddle.operator._operator import OperatorConfig, run_operator
-from heddle.operator._session import SessionConfig
+from heddle.rollout._session import SessionConfig
 
 from ._cluster import ApiServer, Kubelet
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from heddle.api._manifests import EnginePoolSpec
 from heddle.exceptions import ManifestError
 from heddle.operator._builders import (
     DRAINING,
@@ -18,7 +19,6 @@ from heddle.operator._builders import (
     spec_hash,
     worker_pod,
 )
-from heddle.operator._manifests import EnginePoolSpec
 
 BODY: dict[str, Any] = {
     "apiVersion": "heddle.dev/v1alpha1",

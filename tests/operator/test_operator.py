@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from heddle.operator._hosts import HostAllowList
 from heddle.operator._operator import run_operator
+from heddle.rollout._hosts import HostAllowList
 
+from .._rollout_fixtures import assert_exactly_once, read_records
 from ._operator_fixture import FAST, cluster, job, pool, wait_for
-from .conftest import assert_exactly_once, read_records
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # slow: real processes, see pyproject
 

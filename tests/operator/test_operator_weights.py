@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from .._rollout_fixtures import read_records
 from ..worker.test_weights import fake_checkpoint
 from ._operator_fixture import cluster, job, pool, wait_for
-from .conftest import read_records
 from .test_operator import _condition, _finished
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]

@@ -9,8 +9,8 @@ import pytest
 from heddle.client import ClusterAccess, Rollout
 from heddle.exceptions import ConfigError, RolloutFailedError
 
+from .._rollout_fixtures import assert_exactly_once, read_records
 from ._operator_fixture import cluster, job, pool
-from .conftest import assert_exactly_once, read_records
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

@@ -13,12 +13,12 @@ import httpx
 import pytest
 
 from heddle.exceptions import WorkerUnavailableError
-from heddle.operator._client import WorkerClient, WorkerEndpoint
-from heddle.operator._http import HttpPool
+from heddle.worker._client import WorkerClient, WorkerEndpoint
+from heddle.worker._http import HttpPool
 
+from .._rollout_fixtures import assert_exactly_once, read_records, start_pool
 from ._cluster import ADMIN_HEADER
 from ._operator_fixture import Cluster, cluster, job, pool, wait_for
-from .conftest import assert_exactly_once, read_records, start_pool
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # slow: real processes, see pyproject
 

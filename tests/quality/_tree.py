@@ -10,7 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SUBPACKAGES = {"scheduler": "scheduler", "worker": "worker", "operator": "operator_"}
+SUBPACKAGES = {
+    "scheduler": "scheduler",
+    "worker": "worker",
+    "api": "api",
+    "rollout": "rollout",
+    "operator": "operator/heddle_operator",
+}
 
 
 def link_farm(base: Path) -> Path:
@@ -18,7 +24,7 @@ def link_farm(base: Path) -> Path:
     pkg = base / "heddle"
     pkg.mkdir(parents=True, exist_ok=True)
     for source in (ROOT / "heddle").iterdir():
-        if source.suffix in (".py", ".typed"):
+        if source.suffix in (".py", ".typed") or (source / "__init__.py").exists():
             (pkg / source.name).symlink_to(source)
     for name, folder in SUBPACKAGES.items():
         (pkg / name).symlink_to(ROOT / folder, target_is_directory=True)

@@ -23,7 +23,8 @@ def test_dockerfile_passes_hadolint() -> None:
 
 def test_both_images_ship_every_package_folder_and_run_as_non_root() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    folders = set(config["tool"]["setuptools"]["package-dir"].values())
+    # operator/heddle_operator ships as the folder operator/ (which has no __init__.py).
+    folders = {f.split("/")[0] for f in config["tool"]["setuptools"]["package-dir"].values()}
     stages = {
         stage.split()[2]: stage
         for stage in re.split(r"^FROM ", (ROOT / "Dockerfile").read_text(), flags=re.M)[1:]

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from heddle.exceptions import ConfigError
-from heddle.operator._presets import load_cluster, load_workload
+from heddle.rollout._presets import load_cluster, load_workload
 from heddle.scheduler import (
     POLICIES,
     ClusterSpec,

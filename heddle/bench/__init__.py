@@ -1,0 +1,88 @@
+"""heddle.bench: ``heddle bench`` and its component benchmarks (docs/benchmarks.md).
+
+The policy comparison in the simulator (``_sim``), and measurements on real
+workers: the session, fidelity of the simulator, the gateway, memory, weights,
+the worker API, placement and the predictor.
+"""
+
+from ._fidelity import (
+    bench_fidelity,
+    fidelity_cluster,
+    format_fidelity,
+    outside_engine_per_step,
+    pairs_agree,
+    run_fidelity,
+    simulate,
+    tokenized_scripts,
+)
+from ._gateway import (
+    CALLS_PER_EPISODE,
+    bench_gateway,
+)
+from ._memory import (
+    bench_memory,
+)
+from ._micro import (
+    bench_placement,
+    bench_predictor,
+    bench_shape,
+)
+from ._profile import (
+    DEFAULT_BATCHES,
+    DEFAULT_CONTEXTS,
+    bench_profile,
+    model_spec_of,
+)
+from ._session import (
+    bench_control_loop,
+    bench_engines,
+    plot_engines,
+    run_session_bench,
+)
+from ._sim import (
+    ABLATION,
+    DEFAULT_CAPS,
+    Progress,
+    Run,
+    baseline_runs,
+    run_rollout_bench,
+)
+from ._weights import (
+    bench_weights,
+)
+from ._worker import (
+    bench_worker,
+)
+
+__all__ = [
+    "ABLATION",
+    "CALLS_PER_EPISODE",
+    "DEFAULT_BATCHES",
+    "DEFAULT_CAPS",
+    "DEFAULT_CONTEXTS",
+    "Progress",
+    "Run",
+    "baseline_runs",
+    "bench_control_loop",
+    "bench_engines",
+    "bench_fidelity",
+    "bench_gateway",
+    "bench_memory",
+    "bench_placement",
+    "bench_predictor",
+    "bench_profile",
+    "bench_shape",
+    "bench_weights",
+    "bench_worker",
+    "fidelity_cluster",
+    "format_fidelity",
+    "model_spec_of",
+    "outside_engine_per_step",
+    "pairs_agree",
+    "plot_engines",
+    "run_fidelity",
+    "run_rollout_bench",
+    "run_session_bench",
+    "simulate",
+    "tokenized_scripts",
+]

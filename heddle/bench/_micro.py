@@ -1,0 +1,175 @@
+"""Component benchmarks: placement DP speed, shape search speed, predictor quality.
+
+Each returns a JSON-ready dict; ``heddle bench placement|shape|predictor`` prints
+and saves it. Timings are medians over repeats (the machines here are shared).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from heddle.rollout._presets import load_cluster, load_workload
+from heddle.scheduler import (
+    AnnealingShapePlanner,
+    PoolShape,
+    ProgressPredictor,
+    ShapeConfig,
+    SiblingPredictor,
+    Trajectory,
+    evaluate_predictor,
+    generate,
+    history_of,
+    pearson,
+    plan_placement,
+    tail_recall,
+)
+
+__all__ = ["bench_placement", "bench_predictor", "bench_shape"]
+
+
+def _median_s(fn: Callable[[], object], repeats: int) -> tuple[float, list[float]]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), times
+
+
+def _lengths(workload: str, count: int, seed: int) -> np.ndarray:
+    scripts = generate(load_workload(workload), seed)
+    rng = np.random.default_rng(seed)
+    totals = np.array([s.total_tokens for s in scripts], dtype=np.float64)
+    return rng.choice(totals, size=count, replace=count > totals.size)
+
+
+def bench_placement(
+    *,
+    trajectories: int = 4096,
+    instances: int = 64,
+    tps: Sequence[int] = (1,),
+    workload: str = "coding",
+    cluster: str = "64xh100",
+    repeats: int = 21,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Placement of ``trajectories`` over ``instances`` engines whose TP degrees cycle
+    through ``tps``: the table-free split Heddle plans with, and the paper's DP as the
+    exact reference (timed on fewer repeats where it is slow)."""
+    perf = load_cluster(cluster).perf_model()
+    engines = [perf.instance(f"e{i}", tps[i % len(tps)]) for i in range(instances)]
+    lengths = _lengths(workload, trajectories, seed)
+    trajs = [Trajectory(f"t{i}", f"g{i // 16}", 512) for i in range(trajectories)]
+    for t, length in zip(trajs, lengths, strict=True):
+        t.predicted_remaining_tokens = float(length)
+    result: dict[str, Any] = {
+        "trajectories": trajectories,
+        "instances": instances,
+        "tps": list(tps),
+        "workload": workload,
+        "repeats": repeats,
+    }
+    for label, exact_dp in (("split", False), ("exact_dp", True)):
+        plan = plan_placement(trajs, engines, exact_dp=exact_dp)
+        # The DP takes seconds at 16K x 256; three repeats are enough to time it.
+        runs = repeats if not exact_dp or trajectories * instances <= 4096 * 64 else 3
+
+        def run(exact: bool = exact_dp) -> object:
+            return plan_placement(trajs, engines, exact_dp=exact)
+
+        median, times = _median_s(run, runs)
+        loads = Counter(plan.assignment.values())
+        result[label] = {
+            "repeats": runs,
+            "median_ms": median * 1e3,
+            "min_ms": min(times) * 1e3,
+            "predicted_makespan_s": plan.makespan_s,
+            "idle_instances": sum(1 for e in engines if loads[e.name] == 0),
+        }
+    return result
+
+
+def bench_shape(
+    *,
+    gpus: int = 64,
+    workload: str = "coding",
+    cluster: str = "64xh100",
+    repeats: int = 5,
+    trajectories: int = 4096,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Annealing shape search for ``gpus`` GPUs on a workload's predicted lengths."""
+    spec = load_cluster(cluster)
+    perf = spec.perf_model()
+    config = ShapeConfig(
+        gpu_budget=gpus,
+        gpus_per_node=spec.gpus_per_node,
+        tensor_parallel_sizes=spec.tensor_parallel_sizes,
+        seed=seed,
+    )
+    planner = AnnealingShapePlanner(perf, config)
+    lengths = _lengths(workload, trajectories, seed)
+    baseline = PoolShape.of({spec.baseline_tp: gpus // spec.baseline_tp})
+    plan = planner.plan(lengths, baseline)
+    median, times = _median_s(lambda: planner.plan(lengths, baseline), repeats)
+    return {
+        "gpus": gpus,
+        "workload": workload,
+        "trajectories": trajectories,
+        "repeats": repeats,
+        "median_s": median,
+        "min_s": min(times),
+        "evaluations": plan.evaluations,
+        "baseline_shape": str(baseline),
+        "baseline_makespan_s": plan.current_makespan_s,
+        "shape": str(plan.shape),
+        "predicted_makespan_s": plan.predicted_makespan_s,
+        "reshape": plan.reshape,
+    }
+
+
+def bench_predictor(
+    *,
+    workloads: tuple[str, ...] = ("coding", "search", "math"),
+    seed: int = 1,
+    steps: tuple[int, ...] = (1, 2, 4),
+) -> dict[str, Any]:
+    """Pearson and tail-20% recall after step k, per workload and predictor.
+
+    ``seeded`` predictors learnt from a previous rollout of the same workload
+    (another seed: other prompts), as in RL training, where rollout i+1
+    follows rollout i. ``ceiling`` ranks by each group's exact geometric mean
+    length: what perfect knowledge of the prompt alone could give.
+    """
+    report: dict[str, Any] = {"seed": seed, "steps": list(steps), "workloads": {}}
+    for name in workloads:
+        spec = load_workload(name)
+        scripts = generate(spec, seed)
+        previous = history_of(generate(spec, seed + 1000))
+        truth = np.array([s.total_tokens for s in scripts], dtype=np.float64)
+        entry: dict[str, Any] = {}
+        for predictor_cls in (SiblingPredictor, ProgressPredictor):
+            for seeded in (False, True):
+                predictor = predictor_cls()
+                if seeded:
+                    predictor.seed(previous)
+                quality = evaluate_predictor(scripts, predictor, steps)
+                entry[f"{predictor_cls.name}/{'seeded' if seeded else 'cold'}"] = [
+                    vars(q) for q in quality
+                ]
+        groups: dict[str, list[float]] = {}
+        for s in scripts:
+            groups.setdefault(s.group_id, []).append(np.log(s.total_tokens))
+        ceiling = np.array([np.exp(np.mean(groups[s.group_id])) for s in scripts])
+        entry["ceiling_group_mean"] = {
+            "pearson": pearson(ceiling, truth),
+            "tail_recall": tail_recall(ceiling, truth),
+        }
+        report["workloads"][name] = entry
+    return report

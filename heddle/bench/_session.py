@@ -1,0 +1,344 @@
+"""Benchmarks of the rollout session on local workers.
+
+``heddle bench engines``: policies A/B on the *same* running engines (vLLM's
+CPU build on the tiny model by default, or the simulated engine), one
+synthetic long-tailed workload with one seed, rounds interleaved so drift on
+a noisy machine hits every policy alike. Reports median tokens/s and makespan
+per policy and Heddle's ratio to each baseline.
+
+``heddle bench control-loop``: one session process driving many concurrent
+trajectories against simulated workers that take no time, to measure the
+control loop itself: steps/s and session memory per trajectory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import resource
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from heddle.api._manifests import SamplingSpec
+from heddle.rollout._environments import SyntheticEnvironment, synthetic_tasks
+from heddle.rollout._local import LocalPool, LocalWorkerOptions
+from heddle.rollout._output import OutputSink
+from heddle.rollout._progress import SessionMetrics
+from heddle.rollout._run import perf_model_for
+from heddle.rollout._session import RolloutSession, SessionConfig, SessionResult
+from heddle.rollout._tasks import Task
+from heddle.scheduler import PerfModel, WorkloadSpec
+from heddle.worker._client import WorkerEndpoint
+
+__all__ = ["bench_control_loop", "bench_engines", "plot_engines", "run_session_bench"]
+
+
+def _pool_spec_perf() -> Any:
+    from heddle.api._manifests import EnginePoolSpec, VLLMSpec  # noqa: PLC0415
+
+    spec = EnginePoolSpec("bench", "default", "tiny", "", 2, 2, (1, 2), None, VLLMSpec())
+    return perf_model_for(spec)
+
+
+async def _one_run(
+    workers: Sequence[WorkerEndpoint],
+    *,
+    job: str,
+    policy: str,
+    tasks: list[Task],
+    workload: WorkloadSpec,
+    samples: int,
+    seed: int,
+    tool_time_scale: float,
+    output: Path,
+    max_total_tokens: int,
+    config: SessionConfig,
+    perf: PerfModel | None = None,
+) -> tuple[SessionResult, list[float]]:
+    env = SyntheticEnvironment(
+        workload, len(tasks), samples, seed=seed, tool_time_scale=tool_time_scale
+    )
+    session = RolloutSession(
+        job=job,
+        tasks=tasks,
+        samples_per_task=samples,
+        environment=env,
+        workers=workers,
+        sink=OutputSink(output, fsync_interval_s=5.0),
+        perf=perf if perf is not None else _pool_spec_perf(),
+        sampling=SamplingSpec(
+            max_tokens_per_turn=max_total_tokens, max_total_tokens=max_total_tokens
+        ),
+        max_turns=workload.max_turns,
+        policy=policy,
+        config=config,
+        metrics=SessionMetrics(),
+    )
+    started = time.time()
+    result = await session.run()
+    finishes = []
+    for run in session.runs.values():
+        finishes.append(run.finished_at - started if run.finished_at else float("nan"))
+    return result, sorted(finishes)
+
+
+def bench_engines(
+    *,
+    workload: WorkloadSpec,
+    policies: Sequence[str],
+    options: LocalWorkerOptions,
+    tps: list[int],
+    samples: int,
+    rounds: int,
+    seed: int,
+    tool_time_scale: float,
+    out: Path,
+    progress: Callable[[str], None] = print,
+    perf: PerfModel | None = None,
+) -> dict[str, Any]:
+    """A/B of ``policies`` on one set of local workers; see the module docstring.
+
+    ``perf`` is the planners' performance model (default: Qwen3-8B on H100,
+    what ``heddle run`` plans with for a model that is not a preset).
+    """
+    tasks = synthetic_tasks(workload.prompts, workload, seed)
+    pool = LocalPool(tps, options)
+    runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
+    cdfs: dict[str, list[float]] = {}
+
+    async def go() -> None:
+        workers = await pool.start()
+        for r in range(rounds):
+            order = list(policies[r % len(policies) :]) + list(policies[: r % len(policies)])
+            for policy in order:
+                output = out / "runs" / f"{policy}-r{r}.jsonl"
+                output.unlink(missing_ok=True)
+                cpu = time.process_time()
+                result, finishes = await _one_run(
+                    workers,
+                    job=f"{policy}-r{r}",
+                    policy=policy,
+                    tasks=tasks,
+                    workload=workload,
+                    samples=samples,
+                    seed=seed,
+                    tool_time_scale=tool_time_scale,
+                    output=output,
+                    max_total_tokens=workload.max_output_tokens,
+                    config=SessionConfig(replan_interval_s=1.0),
+                    perf=perf,
+                )
+                p = result.progress
+                # The session's CPU and the machine's load: on a CPU testbed the session
+                # competes with the workers for the cores, and so do other processes.
+                row = {
+                    "session_cpu_s": time.process_time() - cpu,
+                    "load_average_1m": os.getloadavg()[0],
+                    "round": r,
+                    "makespan_s": p.elapsed_s,
+                    "tokens": p.tokens,
+                    "tokens_per_s": p.tokens / p.elapsed_s,
+                    "steps": result.steps,
+                    "migrations": result.migrations,
+                    "recomputes": result.recomputes,
+                    "done": p.done,
+                    "failed": p.failed,
+                }
+                runs[policy].append(row)
+                cdfs[policy] = finishes
+                progress(
+                    f"round {r + 1}/{rounds} {policy:>10s}: {p.elapsed_s:7.1f} s makespan, "
+                    f"{row['tokens_per_s']:8.0f} tok/s, {result.migrations} migrations"
+                )
+
+    try:
+        asyncio.run(go())
+    finally:
+        asyncio.run(pool.stop())
+    summary = {
+        p: {
+            "median_tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows),
+            "median_makespan_s": statistics.median(r["makespan_s"] for r in rows),
+            "tokens": rows[0]["tokens"],
+        }
+        for p, rows in runs.items()
+    }
+    ratios = {}
+    if "heddle" in summary:
+        for p in policies:
+            if p != "heddle":
+                ratios[f"heddle/{p}"] = (
+                    summary["heddle"]["median_tokens_per_s"] / summary[p]["median_tokens_per_s"]
+                )
+    return {
+        "engine": options.engine,
+        "max_num_seqs": options.max_num_seqs,
+        "shape": tps,
+        "workload": workload.name,
+        "trajectories": len(tasks) * samples,
+        "rounds": rounds,
+        "seed": seed,
+        "policies": summary,
+        "throughput_ratios": ratios,
+        "runs": runs,
+        "finish_times_last_round": cdfs,
+    }
+
+
+def plot_engines(result: dict[str, Any], png: Path) -> Path:
+    import matplotlib  # noqa: PLC0415 - the plot extra
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    names = list(result["policies"])
+    left.bar(names, [result["policies"][n]["median_tokens_per_s"] for n in names])
+    left.set(ylabel="tokens/s (median over rounds)")
+    left.set_title(f"{result['engine']} workers {result['shape']}, {result['trajectories']} traj.")
+    for name, finishes in result["finish_times_last_round"].items():
+        right.step(finishes, range(1, len(finishes) + 1), where="post", label=name)
+    right.set(xlabel="seconds", ylabel="trajectories finished")
+    right.set_title("completion, last round")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return png
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * resource.getpagesize() / 2**20
+
+
+def bench_control_loop(
+    *,
+    workload: WorkloadSpec,
+    trajectories: int,
+    workers: int,
+    tool_time_scale: float,
+    out: Path,
+    progress: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Steps/s and memory of one session driving ``trajectories`` at once on instant sim workers."""
+    samples = workload.samples_per_prompt
+    spec = dataclasses.replace(workload, prompts=max(1, trajectories // samples))
+    tasks = synthetic_tasks(spec.prompts, spec, 0)
+    options = LocalWorkerOptions(
+        engine="sim", time_scale=0.0, max_model_len=1 << 20, log_dir=out / "logs"
+    )
+    pool = LocalPool([1] * workers, options)
+    measured: dict[str, Any] = {}
+
+    async def go() -> None:
+        endpoints = await pool.start()
+        before = _rss_mib()
+        output = out / "control-loop.jsonl"
+        output.unlink(missing_ok=True)
+        peak = [before]
+
+        async def sample_rss() -> None:
+            while True:
+                peak.append(_rss_mib())
+                await asyncio.sleep(0.5)
+
+        sampler = asyncio.create_task(sample_rss())
+        started, cpu_started = time.perf_counter(), time.process_time()
+        result, _ = await _one_run(
+            endpoints,
+            job="scale",
+            policy="heddle",
+            tasks=tasks,
+            workload=spec,
+            samples=samples,
+            seed=0,
+            tool_time_scale=tool_time_scale,
+            output=output,
+            max_total_tokens=spec.max_output_tokens,
+            config=SessionConfig(replan_interval_s=2.0, progress_interval_s=5.0),
+        )
+        elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu_started
+        sampler.cancel()
+        n = result.progress.total
+        measured.update(
+            trajectories=n,
+            steps=result.steps,
+            elapsed_s=elapsed,
+            steps_per_s=result.steps / elapsed,
+            session_cpu_s=cpu,
+            session_cpu_ms_per_step=1000 * cpu / max(1, result.steps),
+            control_loop_steps_per_cpu_s=result.steps / cpu if cpu > 0 else 0.0,
+            tokens=result.progress.tokens,
+            rss_before_mib=before,
+            rss_peak_mib=max(peak),
+            kib_per_trajectory=(max(peak) - before) * 1024 / max(1, n),
+            done=result.progress.done,
+            recomputes=result.recomputes,
+            migrations=result.migrations,
+        )
+        progress(
+            f"{n} trajectories, {result.steps} steps in {elapsed:.1f} s: "
+            f"{measured['steps_per_s']:.0f} steps/s; session CPU "
+            f"{measured['session_cpu_ms_per_step']:.2f} ms per step, "
+            f"{measured['kib_per_trajectory']:.1f} KiB per trajectory (peak RSS growth)"
+        )
+
+    try:
+        asyncio.run(go())
+    finally:
+        asyncio.run(pool.stop())
+    return {"workload": workload.name, "workers": workers, **measured}
+
+
+def run_session_bench(args: Any, out: Path) -> dict[str, Any]:
+    """``heddle bench engines|control-loop`` (the CLI's arguments)."""
+    from heddle.rollout._local import local_model_dir  # noqa: PLC0415
+    from heddle.rollout._presets import load_workload  # noqa: PLC0415
+
+    workload = load_workload(args.workload or "quickstart")
+    out.mkdir(parents=True, exist_ok=True)
+    if args.target == "control-loop":
+        return bench_control_loop(
+            workload=workload,
+            trajectories=args.trajectories or 10_000,
+            workers=args.workers,
+            tool_time_scale=args.tool_time_scale,
+            out=out,
+        )
+    if args.prompts:
+        workload = dataclasses.replace(workload, prompts=args.prompts)
+    model = local_model_dir(args.model or "tiny", None) if args.engine == "vllm" else None
+    options = LocalWorkerOptions(
+        engine=args.engine,
+        model=model,
+        max_model_len=4096 if args.engine == "vllm" else 1 << 20,
+        max_num_seqs=args.max_num_seqs,
+        time_scale=1.0,
+        log_dir=out / "logs",
+    )
+    policies = [p for p in args.policies.split(",") if p] if args.policies else []
+    result = bench_engines(
+        workload=workload,
+        policies=policies or ["heddle", "verl", "slime"],
+        options=options,
+        tps=[args.tp] * max(1, 2 // args.tp),
+        samples=workload.samples_per_prompt,
+        rounds=args.rounds,
+        seed=args.seed,
+        tool_time_scale=args.tool_time_scale,
+        out=out,
+    )
+    for key, ratio in result["throughput_ratios"].items():
+        print(f"{key}: {ratio:.2f}x tokens/s")
+    try:
+        print(f"wrote {plot_engines(result, out / 'engines.png')}")
+    except ImportError:
+        print("no plot: matplotlib is not installed (pip install 'heddle[plot]')")
+    return result

@@ -1,0 +1,590 @@
+"""The ``heddle`` command line.
+
+Subcommands import what they need when they run, so ``heddle version`` and
+``heddle bench`` work on the light install (numpy + PyYAML).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from heddle import __version__
+from heddle.exceptions import HeddleError
+
+from ._export import add_export_parser
+from ._run import add_operator_parser, add_run_parser
+
+__all__ = ["main"]
+
+BENCH_TARGETS = (
+    "rollout",
+    "placement",
+    "shape",
+    "predictor",
+    "worker",
+    "engines",
+    "control-loop",
+    "weights",
+    "memory",
+    "gateway",
+    "profile",
+    "fidelity",
+)
+DEFAULT_POLICIES = "heddle,verl,verl-star,slime"
+
+
+def _write_json(out: Path, name: str, payload: dict[str, Any]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def _cmd_version(args: argparse.Namespace) -> int:
+    print(f"heddle {__version__}")
+    return 0
+
+
+def _print_placement(r: dict[str, Any]) -> None:
+    tps = "/".join(f"TP{tp}" for tp in r["tps"])
+    print(
+        f"placement: {r['trajectories']} trajectories on {r['instances']} {tps} instances "
+        f"({r['workload']} lengths)"
+    )
+    for label in ("split", "exact_dp"):
+        x = r[label]
+        print(
+            f"  {label:9s} median {x['median_ms']:9.2f} ms   min {x['min_ms']:9.2f} ms   "
+            f"({x['repeats']} repeats)   predicted makespan {x['predicted_makespan_s']:9.1f} s   "
+            f"idle instances {x['idle_instances']}"
+        )
+
+
+def _print_shape(r: dict[str, Any]) -> None:
+    print(f"shape search: {r['gpus']} GPUs, {r['trajectories']} trajectories ({r['workload']})")
+    print(
+        f"  median {r['median_s']:.3f} s over {r['repeats']} runs, {r['evaluations']} shapes scored"
+    )
+    print(f"  {r['baseline_shape']:>24s}: predicted makespan {r['baseline_makespan_s']:9.1f} s")
+    print(
+        f"  {r['shape']:>24s}: predicted makespan {r['predicted_makespan_s']:9.1f} s"
+        f"{'  (reshape)' if r['reshape'] else ''}"
+    )
+
+
+def _print_predictor(r: dict[str, Any]) -> None:
+    print("predictor quality: Pearson / tail-20% recall of predicted total length after step k")
+    print("  (all trajectories; finished ones are known exactly. 'alive' in the JSON)")
+    for workload, entry in r["workloads"].items():
+        ceiling = entry["ceiling_group_mean"]
+        print(
+            f"{workload}: ceiling of an exact per-prompt mean: "
+            f"{ceiling['pearson']:.3f} / {ceiling['tail_recall']:.3f}"
+        )
+        for label, rows in entry.items():
+            if label == "ceiling_group_mean":
+                continue
+            cells = "  ".join(
+                f"step {q['step']}: {q['pearson_all']:.3f} / {q['tail_recall_all']:.3f}"
+                for q in rows
+            )
+            print(f"  {label:18s} {cells}")
+
+
+def _cmd_rollout(args: argparse.Namespace, out: Path) -> int:
+    import heddle.bench._sim as _bench
+
+    policies = [p for p in (args.policies or DEFAULT_POLICIES).split(",") if p]
+    if args.ablation:
+        policies += [p for p in _bench.ABLATION if p not in policies]
+    report = _bench.run_rollout_bench(
+        workload=args.workload or "coding",
+        cluster=args.cluster,
+        policies=policies,
+        seed=args.seed,
+        prompts=args.prompts,
+        gpus=args.gpus,
+        caps=_caps(args.baseline_caps),
+        out=out,
+        progress=not args.quiet,
+    )
+    print(_bench.format_table(report))
+    path = _write_json(out, "results.json", report)
+    print(f"wrote {path}")
+    if _bench.plot(report, out / "rollout.png"):
+        print(f"wrote {out / 'rollout.png'}")
+    else:
+        print("no plot: matplotlib is not installed (pip install 'heddle[plot]')")
+    return 0
+
+
+def _caps(text: str | None) -> tuple[int | None, ...]:
+    """``none,64``: the in-flight caps per engine the baselines are tried with."""
+    from heddle.bench._sim import DEFAULT_CAPS
+    from heddle.exceptions import ConfigError
+
+    if text is None:
+        return DEFAULT_CAPS
+    caps: list[int | None] = []
+    for word in (w.strip() for w in text.split(",") if w.strip()):
+        if word == "none":
+            caps.append(None)
+        elif word.isdigit() and int(word) > 0:
+            caps.append(int(word))
+        else:
+            raise ConfigError(
+                f"--baseline-caps {text!r}: write positive whole numbers or 'none', e.g. none,64"
+            )
+    return tuple(caps) or DEFAULT_CAPS
+
+
+def _tp_mix(text: str) -> tuple[int, ...]:
+    from heddle.exceptions import ConfigError
+
+    try:
+        tps = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        tps = ()
+    if not tps or min(tps) < 1:
+        raise ConfigError(f"--tp-mix {text!r}: write positive whole numbers, e.g. 1,2,4")
+    return tps
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import heddle.bench._micro as mb
+
+    out = Path(args.out)
+    if args.target == "rollout":
+        return _cmd_rollout(args, out)
+    if args.target in ("engines", "control-loop"):
+        from heddle.bench._session import run_session_bench
+
+        result = run_session_bench(args, out)
+    elif args.target in ("profile", "fidelity"):
+        from heddle.bench._fidelity import run_fidelity
+
+        result = run_fidelity(args, out)
+    elif args.target == "placement":
+        result = mb.bench_placement(
+            trajectories=args.trajectories or 4096,
+            instances=args.instances,
+            tps=_tp_mix(args.tp_mix) if args.tp_mix else (args.tp,),
+            workload=args.workload or "coding",
+            cluster=args.cluster,
+            repeats=args.repeats,
+            seed=args.seed,
+        )
+        _print_placement(result)
+    elif args.target == "shape":
+        result = mb.bench_shape(
+            gpus=args.gpus or 64,
+            workload=args.workload or "coding",
+            cluster=args.cluster,
+            repeats=max(1, args.repeats // 4),
+            trajectories=args.trajectories or 4096,
+            seed=args.seed,
+        )
+        _print_shape(result)
+    elif args.target == "worker":
+        from heddle.bench._worker import bench_worker
+        from heddle.exceptions import ConfigError
+
+        if not args.model:
+            raise ConfigError("bench worker needs --model (e.g. one from: heddle model tiny DIR)")
+        result = bench_worker(
+            model=args.model,
+            concurrency=args.concurrency,
+            tokens=args.max_tokens,
+            rounds=max(1, min(args.repeats, 9)),
+        )
+        print(f"worker API vs vLLM generate, {result['concurrency']} concurrent trajectories:")
+        print(f"  vLLM generate  {result['median_direct_tokens_per_s']:9.1f} tokens/s (median)")
+        print(f"  worker API     {result['median_api_tokens_per_s']:9.1f} tokens/s (median)")
+        print(f"  overhead       {100 * result['overhead']:8.1f} %")
+    elif args.target == "weights":
+        from heddle.bench._weights import bench_weights
+
+        result = bench_weights(model=args.model, rounds=max(1, min(args.repeats, 9)))
+        print(f"weights swap in place vs worker restart ({result['model']}):")
+        print(f"  restart  {result['restart_s']:8.2f} s (stop {result['restart_stop_s']:.2f} s, "
+              f"start until ready {result['restart_start_s']:.2f} s)")  # fmt: skip
+        print(f"  swap     {result['median_swap_s']:8.3f} s (median of {result['rounds']})")
+        print(f"  swap is {result['speedup']:.0f}x faster")
+    elif args.target == "memory":
+        from heddle.bench._memory import bench_memory
+
+        result = bench_memory(trajectories=args.trajectories or 64, seed=args.seed)
+        print("session memory per trajectory (token ids, mask, logprobs, conversation):")
+        for tokens, row in result["by_tokens"].items():
+            print(f"  {int(tokens):>6} tokens: in flight "
+                  f"{row['in_flight_bytes_per_trajectory'] / 2**10:8.1f} KiB, after its record "
+                  f"is written {row['written_bytes_per_trajectory'] / 2**10:6.1f} KiB")  # fmt: skip
+        print(f"  the paper's job (8,192 x 10K tokens in flight): "
+              f"{result['paper_job_in_flight_gib']:.2f} GiB")  # fmt: skip
+    elif args.target == "gateway":
+        from heddle.bench._gateway import bench_gateway
+
+        result = bench_gateway(calls=args.calls, concurrency=args.concurrency,
+                               rounds=max(1, min(args.repeats, 9)))  # fmt: skip
+        print(f"gateway against the worker API (sim worker, no model time; median of "
+              f"{result['rounds']} rounds):")  # fmt: skip
+        print(f"  direct worker step   {result['median_direct_step_ms']:7.2f} ms")
+        print(f"  call via gateway     {result['median_gateway_call_ms']:7.2f} ms  "
+              f"(overhead {result['overhead_per_call_ms']:.2f} ms per call)")  # fmt: skip
+        print(f"  one session serves   {result['median_calls_per_s']:7.0f} calls/s "
+              f"({result['concurrency']} agents)")  # fmt: skip
+    elif args.target == "predictor":
+        workloads = tuple(args.workloads.split(","))
+        result = mb.bench_predictor(workloads=workloads, seed=args.seed)
+        _print_predictor(result)
+    else:  # pragma: no cover - argparse restricts the choices
+        raise AssertionError(args.target)
+    path = _write_json(out, f"{args.target}.json", result)
+    print(f"wrote {path}")
+    return 0
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    import logging
+
+    from heddle.exceptions import ConfigError
+    from heddle.rollout._presets import load_cluster
+    from heddle.worker import SimulatedEngine, read_token, serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    token = read_token(args.token_file)  # before the engine: a bad token costs no model load
+    limits: dict[str, int] = {}
+    if args.max_body_mib is not None:
+        if args.max_body_mib <= 0:
+            raise ConfigError(f"--max-body-mib {args.max_body_mib:g} must be positive, e.g. 16")
+        limits["max_body_bytes"] = int(args.max_body_mib * 2**20)
+    if args.engine == "vllm":
+        from heddle.worker import VLLMConfig, VLLMEngine, check_vllm_environment
+        from heddle.worker._vllm_engine import parse_engine_arg
+
+        check_vllm_environment()  # one sentence now, not a traceback from inside vLLM later
+        if not args.model:
+            raise ConfigError("--engine vllm needs --model (an HF model directory or id)")
+        vllm_engine = VLLMEngine(
+            VLLMConfig(
+                model=args.model,
+                tp=args.tp,
+                max_model_len=args.max_model_len,
+                gpu_memory_utilization=args.gpu_memory_utilization,
+                block_size=args.block_size,
+                max_num_seqs=args.max_num_seqs,
+                kv_cache_gib=args.kv_cache_gib,
+                seed=args.seed,
+                engine_args=tuple(parse_engine_arg(a) for a in args.vllm_arg),
+            )
+        )
+        serve(
+            vllm_engine,
+            host=args.host,
+            port=args.port,
+            grace_s=args.grace,
+            token=token,
+            **limits,
+        )
+        return 0
+    perf = load_cluster(args.cluster).perf_model()
+    if perf.kv_capacity_tokens(args.tp) <= 0:
+        raise ConfigError(f"{perf.model.name} does not fit on TP{args.tp}; raise --tp")
+    engine = SimulatedEngine(
+        perf,
+        tp=args.tp,
+        model=args.model or perf.model.name,
+        max_model_len=args.max_model_len,
+        time_scale=args.time_scale,
+        seed=args.seed,
+        scripted_replies=args.scripted_replies,
+    )
+    serve(engine, host=args.host, port=args.port, grace_s=args.grace, token=token, **limits)
+    return 0
+
+
+def _cmd_model_tiny(args: argparse.Namespace) -> int:
+    from heddle.exceptions import ConfigError
+    from heddle.worker._tiny_model import write_tiny_model
+
+    try:
+        path = write_tiny_model(Path(args.path), seed=args.seed)
+    except ImportError as exc:
+        raise ConfigError(
+            f"heddle model tiny needs torch, transformers and tokenizers ({exc}); "
+            "set up the environment with `make setup` (README)"
+        ) from exc
+    print(f"wrote a tiny random-weight Llama to {path}")
+    return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    """Is this environment able to run Heddle and its vLLM engine? One line per check."""
+    import platform
+
+    from heddle.worker import Check, probe_vllm_import, vllm_environment_checks
+
+    checks = [
+        Check(
+            "python",
+            sys.version_info >= (3, 11),
+            f"Python {platform.python_version()} at {sys.executable}",
+            "Heddle needs Python 3.11 or newer",
+        ),
+        Check("heddle", True, f"heddle {__version__} from {Path(__file__).parents[1]}"),
+        *vllm_environment_checks(),
+    ]
+    vllm_ok = all(c.ok for c in checks)
+    if not args.quick and vllm_ok:
+        print("heddle doctor: importing vLLM in a child process (about ten seconds) ...")
+        checks.append(probe_vllm_import())
+    for check in checks:
+        print(f"  {'ok  ' if check.ok else 'FAIL'}  {check.name:22s} {check.detail}")
+        if not check.ok and check.fix:
+            print(f"        fix: {check.fix}")
+    failed = [c for c in checks if not c.ok]
+    if failed:
+        print(
+            f"heddle doctor: {len(failed)} problem(s); the vLLM engine will not start "
+            "(--engine sim still works)"
+        )
+        return 2
+    print("heddle doctor: ready for the vLLM engine")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="heddle",
+        description="Heddle: trajectory-level scheduling of agentic-RL rollouts.",
+    )
+    parser.add_argument("--version", action="version", version=f"heddle {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p_version = sub.add_parser("version", help="print the version")
+    p_version.set_defaults(func=_cmd_version)
+
+    add_run_parser(sub)
+    add_operator_parser(sub)
+
+    p_doctor = sub.add_parser(
+        "doctor",
+        help="check that this environment can run the vLLM engine",
+        description="Checks the installed packages (vLLM, torch, what breaks beside the CPU "
+        "torch) and imports vLLM in a child process; exit 2 with the fixing command if not.",
+    )
+    p_doctor.add_argument("--quick", action="store_true", help="metadata only: skip importing vLLM")
+    p_doctor.set_defaults(func=_cmd_doctor)
+
+    p_worker = sub.add_parser(
+        "worker",
+        help="serve one engine behind the worker HTTP API",
+        description="The pod-side process of an EnginePool (docs/worker-api.md).",
+    )
+    p_worker.add_argument("--engine", choices=("sim", "vllm"), default="sim")
+    p_worker.add_argument("--model", default=None, help="model name or path (vllm)")
+    p_worker.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    p_worker.add_argument("--host", default="127.0.0.1")
+    p_worker.add_argument("--port", type=int, default=8000)
+    p_worker.add_argument("--max-model-len", type=int, default=65_536)
+    p_worker.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        help="seconds in-flight steps get to finish after SIGTERM",
+    )
+    p_worker.add_argument(
+        "--cluster",
+        default="64xh100",
+        help="sim: hardware and model whose performance model to run",
+    )
+    p_worker.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="sim: wall seconds per simulated second (0: as fast as possible)",
+    )
+    p_worker.add_argument("--seed", type=int, default=0)
+    p_worker.add_argument(
+        "--scripted-replies",
+        action="store_true",
+        help="sim: answer turn k with the k-th <reply>...</reply> block of the context (tests)",
+    )
+    p_worker.add_argument("--block-size", type=int, default=None, help="vllm: KV block size")
+    p_worker.add_argument("--max-num-seqs", type=int, default=100, help="vllm: batch cap")
+    p_worker.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.9, help="vllm: share of GPU memory"
+    )
+    p_worker.add_argument(
+        "--vllm-arg",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="vllm: one more engine argument (repeatable), e.g. enable_chunked_prefill=true",
+    )
+    p_worker.add_argument(
+        "--kv-cache-gib",
+        type=int,
+        default=1,
+        help="vllm CPU build: KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE)",
+    )
+    p_worker.add_argument(
+        "--max-body-mib",
+        type=float,
+        default=None,  # the worker's own default (heddle.worker MAX_BODY_BYTES)
+        help="largest request body in MiB; larger ones get 413 (docs/worker-api.md)",
+    )
+    p_worker.add_argument(
+        "--token-file",
+        default=None,
+        metavar="PATH",
+        help="a file holding the token every call but /healthz, /readyz and /metrics must "
+        "carry (Authorization: Bearer); wins over $HEDDLE_WORKER_TOKEN (docs/worker-api.md)",
+    )
+    p_worker.set_defaults(func=_cmd_worker)
+
+    p_model = sub.add_parser("model", help="make models for tests and the quickstart")
+    model_sub = p_model.add_subparsers(dest="model_command", required=True, metavar="KIND")
+    p_tiny = model_sub.add_parser(
+        "tiny", help="write a small random-weight Llama with a tokenizer (vllm extra)"
+    )
+    p_tiny.add_argument("path", help="directory to write")
+    p_tiny.add_argument("--seed", type=int, default=0)
+    p_tiny.set_defaults(func=_cmd_model_tiny)
+
+    p_bench = sub.add_parser(
+        "bench",
+        help="simulate a rollout under several policies, or benchmark a component",
+        description="rollout (default): simulate the workload on the cluster under each "
+        "policy and compare (results.json, rollout.png); placement: DP timing; "
+        "shape: TP-mix search timing; predictor: Pearson and tail recall after step 1, 2, 4; "
+        "worker: tokens/s through the worker API against vLLM's own generate; "
+        "weights: a checkpoint swap in place against a worker restart; "
+        "memory: the session's bytes per trajectory at 10K and 40K tokens; "
+        "gateway: an external job's per-call overhead and calls/s; "
+        "profile: one real vLLM worker measured into an engine profile (JSON); "
+        "fidelity: one workload on real workers and in the simulator on the profile, "
+        "makespan per policy from both.",
+    )
+    p_bench.add_argument(
+        "target", nargs="?", default="rollout", choices=BENCH_TARGETS, help="what to benchmark"
+    )
+    p_bench.add_argument(
+        "--policies",
+        default=None,
+        help=f"comma-separated; 'rollout': {DEFAULT_POLICIES}, 'engines': heddle,verl,slime",
+    )
+    p_bench.add_argument(
+        "--ablation",
+        action="store_true",
+        help="add heddle-order, heddle-place, heddle-migrate (one mechanism each)",
+    )
+    p_bench.add_argument(
+        "--prompts", type=int, default=None, help="override the workload's prompt count"
+    )
+    p_bench.add_argument(
+        "--baseline-caps",
+        default=None,
+        help="rollout: in-flight trajectories per engine to try each baseline with, e.g. "
+        "none,64 (the default); the best of every policy x TP x cap is the best-tuned baseline",
+    )
+    p_bench.add_argument("--quiet", action="store_true", help="no progress bar")
+    p_bench.add_argument(
+        "--model",
+        default=None,
+        help="for 'worker', 'weights', 'profile', 'fidelity': a model directory (or tiny)",
+    )
+    p_bench.add_argument(
+        "--concurrency", type=int, default=32, help="for 'worker' and 'gateway' (agents)"
+    )
+    p_bench.add_argument(
+        "--calls", type=int, default=200, help="for 'gateway': calls per latency run"
+    )
+    p_bench.add_argument("--max-tokens", type=int, default=256, help="for 'worker': per step")
+    p_bench.add_argument(
+        "--workload",
+        default=None,
+        help="preset name or YAML file (coding; quickstart for 'engines' and 'control-loop')",
+    )
+    p_bench.add_argument(
+        "--workloads", default="coding,search,math", help="comma-separated, for 'predictor'"
+    )
+    p_bench.add_argument("--cluster", default="64xh100", help="preset name or YAML file")
+    p_bench.add_argument(
+        "--trajectories", type=int, default=None, help="4096; 10000 for 'control-loop'"
+    )
+    p_bench.add_argument(
+        "--engine", choices=("vllm", "sim"), default="vllm", help="for 'engines': local workers"
+    )
+    p_bench.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="'engines', 'fidelity': interleaved rounds; 'profile': repeats per point",
+    )
+    p_bench.add_argument(
+        "--reprofile",
+        action="store_true",
+        help="for 'fidelity': profile the workers again after the rounds and simulate on "
+        "both profiles (how far the machine drifted meanwhile)",
+    )
+    p_bench.add_argument(
+        "--profile",
+        default=None,
+        help="for 'fidelity': an engine profile (JSON, or vllm-cpu-tiny); default: measure one",
+    )
+    p_bench.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=8,
+        help="for 'engines': vLLM batch cap per worker (below the concurrency: steps queue)",
+    )
+    p_bench.add_argument("--workers", type=int, default=2, help="for 'control-loop'")
+    p_bench.add_argument(
+        "--tool-time-scale",
+        type=float,
+        default=1.0,
+        help="'engines'/'control-loop': tool latency x",
+    )
+    p_bench.add_argument("--instances", type=int, default=64, help="for 'placement'")
+    p_bench.add_argument("--tp", type=int, default=1, help="instance TP, for 'placement'")
+    p_bench.add_argument(
+        "--tp-mix",
+        default=None,
+        help="for 'placement': a mixed pool, instances cycling through these TPs, e.g. 1,2,4",
+    )
+    p_bench.add_argument(
+        "--gpus", type=int, default=None, help="GPU budget (default: the cluster's; 64 for 'shape')"
+    )
+    p_bench.add_argument("--repeats", type=int, default=21)
+    p_bench.add_argument("--seed", type=int, default=1)
+    p_bench.add_argument("--out", default="bench-out", help="directory for the JSON result")
+    p_bench.set_defaults(func=_cmd_bench)
+    add_export_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except HeddleError as exc:
+        print(f"heddle: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # not Heddle's own (a full disk, a bad path): one sentence, no traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"heddle: error: {exc.strerror or type(exc).__name__}{where}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("heddle: interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

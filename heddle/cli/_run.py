@@ -1,0 +1,240 @@
+"""``heddle run JOB.yaml``: the command line of local mode (docs/cli.md)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from heddle.rollout._paths import DATA_ROOT
+
+if TYPE_CHECKING:
+    pass
+
+__all__ = ["add_run_parser"]
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from heddle.rollout._run import GatewayOptions, ProgressPrinter, prepare_job, run_local  # noqa: PLC0415
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    local = prepare_job(Path(args.job), Path(args.pool) if args.pool else None, args.job_name)
+    if args.policy:
+        from heddle.scheduler import get_policy  # noqa: PLC0415
+
+        get_policy(args.policy)
+        local.job = dataclasses.replace(local.job, policy=args.policy)
+    if args.output:
+        local.output = Path(args.output)
+    from heddle.rollout._local import worker_options  # noqa: PLC0415
+
+    options = worker_options(
+        local,
+        args.engine,
+        model=args.model,
+        max_model_len=args.max_model_len,
+        time_scale=args.time_scale,
+        scripted_replies=args.scripted_replies,
+    )
+    signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: workers stopped, output closed
+    printer = ProgressPrinter(local.job.name) if not args.quiet else None
+    metrics = None
+    if args.metrics_port:
+        from prometheus_client import start_http_server  # noqa: PLC0415
+
+        from heddle.rollout._progress import SessionMetrics  # noqa: PLC0415
+
+        metrics = SessionMetrics()
+        start_http_server(args.metrics_port, registry=metrics.registry)
+    gateway = GatewayOptions(args.gateway_host, args.gateway_port)
+    try:
+        summary, _ = asyncio.run(
+            run_local(
+                local,
+                options,
+                on_progress=printer,
+                metrics=metrics,
+                gateway=gateway,
+                on_gateway=_print_gateway(local.job.name, local.pool.model),
+            )
+        )
+    finally:
+        if printer is not None:
+            printer.close()
+    _print_summary(summary)
+    if summary["policy"] == "heddle":
+        pool = f" --pool {args.pool}" if args.pool else ""
+        other = local.output.with_name(local.output.stem + "-verl.jsonl")
+        print(
+            f"compare: heddle run {args.job}{pool} --policy verl --output {other}  "
+            "(the same job under verl's step-level scheduling)"
+        )
+    if args.plot:
+        from ._report import plot_rollout  # noqa: PLC0415
+
+        path = plot_rollout(local.output, local.output.with_suffix(".png"))
+        print(f"plot: {path}")
+    return 0 if summary["progress"]["failed"] == 0 else 1
+
+
+def _print_gateway(job: str, model: str) -> Any:
+    def show(url: str, token: str) -> None:
+        # On stdout before any progress: an agent launcher can read these two lines.
+        print(f"gateway: {url}  (model {model!r}; OpenAI base_url for job {job}'s agents)")
+        print(f"gateway token: {token}  (api_key; set HEDDLE_GATEWAY_TOKEN to choose it)")
+        sys.stdout.flush()
+
+    return show
+
+
+def _print_summary(s: dict[str, Any]) -> None:
+    p = s["progress"]
+    print(
+        f"{s['job']}: {p['done']} done, {p['failed']} failed of {p['total']} trajectories "
+        f"({p['resumed']} already in the output) in {p['elapsed_s']:.1f} s on "
+        f"{s['pool']['shape']} ({s['pool']['engine']}), policy {s['policy']}"
+    )
+    print(
+        f"  {p['tokens']:,} tokens generated, {s['tokens_per_s_overall']:,.0f} tok/s; "
+        f"{s['steps']} steps, {s['migrations']} migrations, {s['recomputes']} recomputes, "
+        f"{s['worker_failures']} worker failures"
+    )
+    m = s["mechanisms"]
+    if m["predictor"] != "none":
+        print(
+            f"  scheduling: {m['re_predictions']:,} re-predictions ({m['predictor']} predictor), "
+            f"{m['promotions']:,} steps moved up in priority (longer than predicted); "
+            f"placement {m['placement']} re-planned {m['replans']:,} times; "
+            f"{m['migrations']} migrations during tool calls; shape {m['shape']} "
+            f"({m['shape_source']})"
+        )
+    else:
+        print(
+            f"  scheduling: step-level baseline ({m['ordering']} order, {m['placement']} "
+            f"routing, no predictor, no migration); shape {m['shape']} ({m['shape_source']})"
+        )
+    for error in s["malformed_tasks"][:5]:
+        print(f"  skipped task: {error}")
+    for failure in s["failures"][:5]:
+        print(f"  failed: {failure}")
+    print(f"output: {s['output']} (summary: {s['output']}.summary.json)")
+    sys.stdout.flush()
+
+
+def add_run_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run a RolloutJob on local workers (no cluster)",
+        description="Local mode: start workers for the EnginePool's shape, run the RolloutJob, "
+        "write its JSONL output and a summary, stop the workers (docs/cli.md).",
+    )
+    p.add_argument("job", help="YAML file with the RolloutJob (and optionally its EnginePool)")
+    p.add_argument("--pool", default=None, help="YAML file with the EnginePool")
+    p.add_argument("--job-name", default=None, help="which RolloutJob, if the file holds several")
+    p.add_argument("--engine", choices=("vllm", "sim"), default="vllm", help="local engine")
+    p.add_argument("--model", default=None, help="vllm: a model directory (default: the pool's)")
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="context cap per worker (default: the pool's, at most 4096 on vllm; 65536 on sim, "
+        "whose tokens are bytes)",
+    )
+    p.add_argument("--time-scale", type=float, default=1.0, help="sim: scale the model's times")
+    p.add_argument("--scripted-replies", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--policy", default=None, help="override spec.scheduling.policy (A/B runs)")
+    p.add_argument("--output", default=None, help="override spec.output.path")
+    p.add_argument("--plot", action="store_true", help="also write a PNG next to the output")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument(
+        "--metrics-port", type=int, default=0, help="serve Prometheus /metrics here while running"
+    )
+    p.add_argument(
+        "--gateway-host",
+        default="127.0.0.1",
+        help="external jobs: the address the agents' gateway listens on (default: %(default)s)",
+    )
+    p.add_argument(
+        "--gateway-port",
+        type=int,
+        default=0,
+        help="external jobs: the gateway's port (default: a free one, printed)",
+    )
+    p.set_defaults(func=_cmd_run)
+
+
+def _cmd_operator(args: argparse.Namespace) -> int:
+    from heddle.operator._operator import OperatorConfig, run_operator  # noqa: PLC0415
+    from heddle.rollout._hosts import HostAllowList  # noqa: PLC0415
+
+    level = os.environ.get("HEDDLE_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = OperatorConfig(
+        namespaces=tuple(args.namespace),
+        api_server=args.api_server,
+        metrics_port=args.metrics_port or None,
+        liveness_endpoint=args.liveness,
+        drain_timeout_s=args.drain_timeout,
+        scan_cluster=not args.no_scan,
+        tool_hosts=(
+            HostAllowList.parse(args.tool_allowed_hosts, "--tool-allowed-hosts")
+            if args.tool_allowed_hosts is not None
+            else HostAllowList.from_env()
+        ),
+        data_root=Path(args.data_root),
+    )
+    asyncio.run(run_operator(config))
+    return 0
+
+
+def add_operator_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "operator",
+        help="run the Kubernetes operator (EnginePool, RolloutJob)",
+        description="The kopf operator of docs/operator.md. Credentials: the in-cluster "
+        "service account, else KUBECONFIG.",
+    )
+    p.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch this namespace (repeatable); default: the whole cluster",
+    )
+    p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus port; 0: off")
+    p.add_argument(
+        "--liveness", default="http://0.0.0.0:8080/healthz", help="kopf's liveness endpoint"
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a draining instance may keep trajectories before it is deleted anyway",
+    )
+    p.add_argument(
+        "--tool-allowed-hosts",
+        default=None,
+        metavar="LIST",
+        help="hosts, *.suffixes and CIDRs tool calls may reach, comma-separated "
+        "(default: $HEDDLE_TOOL_ALLOWED_HOSTS; unset: any)",
+    )
+    p.add_argument(
+        "--data-root",
+        default=str(DATA_ROOT),
+        help="folder every path a RolloutJob names must lie in (tasks, workload, output); "
+        "relative paths resolve inside it (default: %(default)s)",
+    )
+    p.add_argument("--api-server", default=None, help="API server URL without auth (tests)")
+    p.add_argument(
+        "--no-scan", action="store_true", help="do not list namespaces/CRDs (needs less RBAC)"
+    )
+    p.set_defaults(func=_cmd_operator)

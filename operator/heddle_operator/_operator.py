@@ -1,0 +1,225 @@
+"""The kopf operator: thin handlers over :mod:`._pools` and :mod:`._jobs`.
+
+Run it with ``heddle operator`` (or ``kopf run -m heddle.operator.handlers``).
+Each EnginePool and each RolloutJob gets a kopf daemon; the pool's reconciles
+its pods about once a second (read from a kopf index of worker pods by pool,
+which kopf's watch keeps current), the job's runs the rollout session. Handlers
+are registered on a registry built per operator run, so the module holds no
+state and tests start and stop operators freely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kopf
+from prometheus_client import CollectorRegistry, Counter, start_http_server
+
+from heddle.rollout._hosts import HostAllowList
+from heddle.rollout._paths import DATA_ROOT
+from heddle.rollout._progress import SessionMetrics
+from heddle.rollout._session import SessionConfig
+
+from ._builders import LABEL_POOL
+from ._jobs import JobContext, run_job
+from ._kube import KubeClient
+from ._pools import PoolRuntime, reconcile_pool
+
+__all__ = ["OperatorConfig", "build_registry", "run_operator"]
+
+log = logging.getLogger("heddle.operator")
+GROUP, VERSION = "heddle.dev", "v1alpha1"
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Settings of one operator process; times in seconds."""
+
+    namespaces: tuple[str, ...] = ()  # watched namespaces; empty means the whole cluster
+    api_server: str | None = None  # talk to this URL without credentials (tests, kubectl proxy)
+    reconcile_interval_s: float = 1.0  # EnginePool reconcile period
+    drain_timeout_s: float = 600.0  # a draining instance is deleted after this even if busy
+    status_interval_s: float = 1.0  # RolloutJob status patches at most this often
+    metrics_port: int | None = 9090  # Prometheus /metrics of the operator; None: off
+    liveness_endpoint: str | None = None  # e.g. http://0.0.0.0:8080/healthz (kopf's probe)
+    scan_cluster: bool = True  # let kopf watch namespaces and CRDs appear (needs list RBAC)
+    data_root: Path = DATA_ROOT  # every path a RolloutJob names must lie under it
+    session: SessionConfig = field(default_factory=SessionConfig)
+    tool_hosts: HostAllowList | None = None  # where tool calls may go; None: anywhere
+
+
+@dataclass
+class _State:
+    config: OperatorConfig
+    registry: CollectorRegistry
+    metrics: SessionMetrics
+    reconcile_errors: Counter
+    reshapes: Counter
+    kube: KubeClient | None = None
+    info: Any = None
+    pools: dict[tuple[str, str], PoolRuntime] = field(default_factory=dict)
+    sessions: dict[tuple[str, str], Any] = field(default_factory=dict)
+
+    def client(self) -> KubeClient:
+        if self.kube is None:
+            # kopf logged in through kubernetes.config; this client reads the same credentials
+            # the same way (and again when a token is refused), or the test server's URL.
+            self.kube = KubeClient(self.info if self.config.api_server else None)
+        return self.kube
+
+
+def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _State]:
+    """A kopf registry with Heddle's handlers, and the state they share."""
+    registry = kopf.OperatorRegistry()
+    metrics_registry = CollectorRegistry()
+    state = _State(
+        config,
+        metrics_registry,
+        SessionMetrics(metrics_registry),
+        Counter(
+            "heddle_operator_reconcile_errors",
+            "failed reconcile rounds",
+            ["kind"],
+            registry=metrics_registry,
+        ),
+        Counter(
+            "heddle_operator_reshape_steps",
+            "reconcile rounds that drained or created instances",
+            ["pool"],
+            registry=metrics_registry,
+        ),
+    )
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.finalizer = "heddle.dev/finalizer"
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="heddle.dev")
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix="heddle.dev", key="last-handled-configuration"
+        )
+        settings.posting.level = logging.WARNING
+        settings.posting.reporting_component = "heddle-operator"  # kubectl describe: From
+        settings.scanning.disabled = not config.scan_cluster
+        settings.watching.server_timeout = 300
+        # The pod index needs only workers: the server filters the watch (not every pod of
+        # the cluster streamed to the operator and dropped there).
+        settings.watching.label_selectors["pods"] = LABEL_POOL
+        if config.metrics_port is not None:
+            start_http_server(config.metrics_port, registry=metrics_registry)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # kopf calls this again whenever the server answers 401: a renewed token is read then.
+        info: kopf.ConnectionInfo | None
+        if config.api_server:
+            info = kopf.ConnectionInfo(server=config.api_server, insecure=True)
+        else:
+            info = kopf.login_via_client(**kwargs)
+        state.info = info
+        return info
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        if state.kube is not None:
+            await state.kube.aclose()
+            state.kube = None
+
+    @kopf.index(
+        "", "v1", "pods", id="pool_pods", labels={LABEL_POOL: kopf.PRESENT}, registry=registry
+    )
+    def pool_pods(
+        body: kopf.Body, namespace: str | None, labels: kopf.Labels, **_: Any
+    ) -> dict[tuple[str, str], dict[str, Any]]:
+        # Worker pods by pool, kept current by kopf's watch: no LIST of pods per round.
+        return {(namespace or "default", labels[LABEL_POOL]): copy.deepcopy(dict(body))}
+
+    @kopf.daemon(GROUP, VERSION, "enginepools", registry=registry, cancellation_timeout=10)
+    async def pool_daemon(
+        body: kopf.Body,
+        name: str,
+        namespace: str | None,
+        stopped: kopf.DaemonStopped,
+        pool_pods: kopf.Index[tuple[str, str], dict[str, Any]] | None = None,  # kopf passes it
+        **_: Any,
+    ) -> None:
+        namespace = namespace or "default"
+        runtime = state.pools.setdefault((namespace, name), PoolRuntime())
+        while not stopped:
+            session = state.sessions.get((namespace, name))
+            resident = _Resident(session)
+            before = runtime.reshapes
+            try:
+                await reconcile_pool(
+                    state.client(),
+                    body,
+                    runtime,
+                    resident=resident,
+                    drain_timeout_s=config.drain_timeout_s,
+                    pods=None if pool_pods is None else list(pool_pods.get((namespace, name), [])),
+                )
+            except Exception:  # a bad round must not end the daemon; the next one retries
+                state.reconcile_errors.labels("EnginePool").inc()
+                log.warning(
+                    "EnginePool %s/%s: reconcile failed; retrying", namespace, name, exc_info=True
+                )
+            if runtime.reshapes > before:
+                state.reshapes.labels(f"{namespace}/{name}").inc(runtime.reshapes - before)
+            await stopped.wait(config.reconcile_interval_s)
+
+    @kopf.daemon(GROUP, VERSION, "rolloutjobs", registry=registry, cancellation_timeout=30)
+    async def job_daemon(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
+        ctx = JobContext(
+            state.client(),
+            state.pools,
+            state.sessions,
+            state.metrics,
+            config.session,
+            data_root=config.data_root,
+            status_interval_s=config.status_interval_s,
+            tool_hosts=config.tool_hosts,
+        )
+        await run_job(ctx, body, lambda: bool(stopped), stopped.wait)
+        # A finished job's daemon idles until the job goes, so kopf does not restart it.
+        while not stopped:
+            await stopped.wait(3600)
+
+    return registry, state
+
+
+class _Resident(dict[str, int]):
+    """Per-instance count of unfinished trajectories, asked of the running session lazily."""
+
+    def __init__(self, session: Any) -> None:
+        super().__init__()
+        self.session = session
+
+    def get(self, key: str, default: int | None = 0) -> int:  # type: ignore[override]
+        if self.session is None:
+            return 0
+        return int(self.session.resident_on(key))
+
+
+async def run_operator(
+    config: OperatorConfig,
+    *,
+    stop_flag: asyncio.Event | None = None,
+    ready_flag: asyncio.Event | None = None,
+) -> None:
+    """Run until ``stop_flag`` is set (or a signal, when run from the CLI)."""
+    registry, _ = build_registry(config)
+    namespaces: Collection[str] = config.namespaces
+    await kopf.operator(
+        registry=registry,
+        standalone=True,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        stop_flag=stop_flag,
+        ready_flag=ready_flag,
+        liveness_endpoint=config.liveness_endpoint,
+    )

@@ -1,0 +1,296 @@
+"""Local mode's pool: one ``heddle worker`` process per engine instance of a shape.
+
+Workers listen on free loopback ports, log to files, and run in their own
+process group so the pool, not the terminal, decides when they stop:
+:meth:`LocalPool.stop` sends SIGTERM (the worker drains) and SIGKILL after a
+grace period. vLLM's CPU build gets one core per TP rank, dealt round-robin
+over the machine's cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+import httpx
+
+from heddle.exceptions import ConfigError, HeddleError
+from heddle.worker import THREADS_BIND, TOKEN_ENV, vllm_cpu_env
+from heddle.worker._client import WorkerEndpoint
+
+if TYPE_CHECKING:
+    from ._run import LocalJob
+
+__all__ = [
+    "TINY",
+    "LocalPool",
+    "LocalWorkerOptions",
+    "die_with_parent",
+    "local_model_dir",
+    "worker_options",
+]
+
+# A traceback's last line: ``module.SomeError: message``.
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b(: |$)")
+
+
+@dataclass(frozen=True)
+class LocalWorkerOptions:
+    """How local workers run; times in seconds."""
+
+    engine: str = "vllm"  # 'vllm' (the CPU build) or 'sim' (the performance model)
+    model: str | None = None  # a model directory for vllm
+    max_model_len: int = 4096
+    kv_cache_gib: int = 1  # vLLM CPU KV cache per worker, whole GiB
+    block_size: int = 32  # vLLM CPU needs a multiple of 32
+    max_num_seqs: int = 64
+    time_scale: float = 1.0  # sim: multiplies the performance model's times
+    scripted_replies: bool = False  # sim: answer with <reply> blocks of the prompt (tests)
+    cluster: str | None = None  # sim: the cluster file (its performance model) to run on
+    host: str = "127.0.0.1"
+    startup_timeout_s: float = 300.0
+    grace_s: float = 5.0
+    log_dir: Path = Path(".heddle/logs")
+
+
+def die_with_parent() -> None:
+    """Linux: the worker gets SIGTERM when the process that started it dies (even by SIGKILL)."""
+    if sys.platform.startswith("linux"):
+        import ctypes  # noqa: PLC0415
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class _Proc:
+    endpoint: WorkerEndpoint
+    process: subprocess.Popen[bytes]
+    log: IO[bytes]
+    command: list[str]
+    env: dict[str, str]
+
+
+class LocalPool:
+    """Starts, watches and stops local workers for a list of TP degrees."""
+
+    def __init__(self, tps: list[int], options: LocalWorkerOptions) -> None:
+        if options.engine == "vllm" and not options.model:
+            raise HeddleError("a local vLLM pool needs a model directory")
+        self.tps = tps
+        self.options = options
+        self.procs: dict[str, _Proc] = {}
+        # One token per run: other users of the host cannot drive these workers. It goes in
+        # the environment, which only this user can read (/proc/PID/environ), never in argv.
+        self.token = secrets.token_urlsafe(32)
+
+    def _command(self, tp: int, port: int) -> list[str]:
+        o = self.options
+        cmd = [
+            sys.executable, "-m", "heddle", "worker",
+            "--engine", o.engine, "--tp", str(tp),
+            "--host", o.host, "--port", str(port),
+            "--max-model-len", str(o.max_model_len), "--grace", str(o.grace_s),
+        ]  # fmt: skip
+        if o.engine == "vllm":
+            cmd += ["--model", str(o.model), "--block-size", str(o.block_size)]
+            cmd += ["--kv-cache-gib", str(o.kv_cache_gib), "--max-num-seqs", str(o.max_num_seqs)]
+        else:
+            cmd += ["--time-scale", str(o.time_scale)]
+            if o.cluster:
+                cmd += ["--cluster", o.cluster]
+            if o.scripted_replies:
+                cmd.append("--scripted-replies")
+        return cmd
+
+    def _spawn(self, name: str, tp: int, cores: list[int]) -> _Proc:
+        o = self.options
+        port = free_port(o.host)
+        # The pool deals the cores: a binding in its own environment must not apply to all.
+        inherited = {k: v for k, v in os.environ.items() if k != THREADS_BIND}
+        env = vllm_cpu_env(cores, inherited)
+        env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the log files stay readable
+        env[TOKEN_ENV] = self.token
+        o.log_dir.mkdir(parents=True, exist_ok=True)
+        log = (o.log_dir / f"{name}.log").open("ab")
+        command = self._command(tp, port)
+        process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - no threads fork-unsafe here
+        )
+        endpoint = WorkerEndpoint(name, f"http://{o.host}:{port}", tp, self.token)
+        return _Proc(endpoint, process, log, command, env)
+
+    async def start(self) -> list[WorkerEndpoint]:
+        """Start every worker and wait until all are ready (or fail with their log's tail)."""
+        cores = os.cpu_count() or 1
+        next_core = 0
+        for i, tp in enumerate(self.tps):
+            name = f"worker-{i}-tp{tp}"
+            assigned = [(next_core + j) % cores for j in range(tp)]
+            next_core += tp
+            self.procs[name] = self._spawn(name, tp, assigned)
+        await asyncio.gather(*(self._wait_ready(p) for p in self.procs.values()))
+        return [p.endpoint for p in self.procs.values()]
+
+    async def _wait_ready(self, proc: _Proc) -> None:
+        deadline = time.monotonic() + self.options.startup_timeout_s
+        async with httpx.AsyncClient() as http:
+            while time.monotonic() < deadline:
+                if proc.process.poll() is not None:
+                    raise HeddleError(
+                        f"local worker {proc.endpoint.name} exited with code "
+                        f"{proc.process.returncode} while starting: {self.cause(proc)} "
+                        f"(its log: {self.log_path(proc)}; `heddle doctor` checks the setup)"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    reply = await http.get(proc.endpoint.url + "/readyz", timeout=2.0)
+                    if reply.status_code == 200:
+                        return
+                await asyncio.sleep(0.25)
+        raise HeddleError(
+            f"local worker {proc.endpoint.name} was not ready after "
+            f"{self.options.startup_timeout_s:.0f} s; its log: {self.log_path(proc)}"
+        )
+
+    def log_path(self, proc: _Proc) -> Path:
+        return self.options.log_dir / f"{proc.endpoint.name}.log"
+
+    def cause(self, proc: _Proc) -> str:
+        """The last exception a worker's log names, with its first detail line."""
+        try:
+            text = self.log_path(proc).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return "no log"
+        lines = text.splitlines()
+        for i in range(len(lines) - 1, -1, -1):
+            if _EXCEPTION_LINE.match(lines[i]):
+                detail = lines[i + 1].strip() if i + 1 < len(lines) else ""
+                found = lines[i].strip()
+                if detail and lines[i + 1][:1].isspace():  # pydantic & co. explain below
+                    found += f" ({detail.split(' [type=')[0]})"
+                return found[:400]
+        tail = [line.strip() for line in lines if line.strip()]
+        return tail[-1][:400] if tail else "the log is empty"
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one worker and its engine processes (tests: a worker dying mid-run)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.procs[name].process.pid, signal.SIGKILL)
+
+    async def restart(self, name: str) -> None:
+        """Start a worker again on the same address (after :meth:`kill`)."""
+        old = self.procs[name]
+        with contextlib.suppress(ProcessLookupError):
+            old.process.wait(timeout=10)
+        process = subprocess.Popen(
+            old.command,
+            stdout=old.log,
+            stderr=subprocess.STDOUT,
+            env=old.env,
+            start_new_session=True,
+        )
+        self.procs[name] = _Proc(old.endpoint, process, old.log, old.command, old.env)
+        await self._wait_ready(self.procs[name])
+
+    async def stop(self) -> None:
+        """SIGTERM every worker, SIGKILL what is left after the grace period."""
+        for proc in self.procs.values():
+            if proc.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.options.grace_s + 5.0
+        while time.monotonic() < deadline and any(
+            p.process.poll() is None for p in self.procs.values()
+        ):
+            await asyncio.sleep(0.1)
+        for proc in self.procs.values():
+            if proc.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.process.pid, signal.SIGKILL)
+                proc.process.wait()
+            proc.log.close()
+
+    def stop_now(self) -> None:
+        """Synchronous last resort (atexit, a second Ctrl-C): SIGKILL everything."""
+        for proc in self.procs.values():
+            if proc.process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.process.pid, signal.SIGKILL)
+
+
+TINY = "tiny"
+
+
+def local_model_dir(pool_model: str, override: str | None) -> str:
+    """The model the local vLLM workers load; ``tiny`` is generated on first use."""
+    model = override or pool_model
+    if model != TINY:
+        if not Path(model).exists():
+            raise ConfigError(
+                f"model {model!r} is not a local directory; local mode runs vLLM's CPU build on "
+                "a model on disk: use 'model: tiny' in the pool, --model DIR, or --engine sim"
+            )
+        return model
+    path = Path(".heddle/models/tiny")
+    if not (path / "config.json").exists():
+        try:
+            from heddle.worker._tiny_model import write_tiny_model  # noqa: PLC0415
+        except ImportError as exc:  # pragma: no cover - the light install
+            raise ConfigError(
+                "the tiny model needs vLLM's CPU build: set it up with `make setup` (README)"
+            ) from exc
+        print(f"heddle: writing the tiny random-weight model to {path}", file=sys.stderr)
+        write_tiny_model(path)
+    return str(path)
+
+
+def worker_options(
+    local: LocalJob,
+    engine: str,
+    *,
+    model: str | None = None,
+    max_model_len: int | None = None,
+    time_scale: float = 1.0,
+    scripted_replies: bool = False,
+) -> LocalWorkerOptions:
+    """The local workers' options for ``engine``: what ``heddle run`` and the client start."""
+    from heddle.rollout._local import LocalWorkerOptions  # noqa: PLC0415
+
+    model_dir = None
+    if engine == "vllm":
+        from heddle.worker import check_vllm_environment  # noqa: PLC0415
+
+        check_vllm_environment()  # before any worker starts: one sentence, not 20 tracebacks
+        model_dir = local_model_dir(local.pool.model, model)
+    return LocalWorkerOptions(
+        engine=engine,
+        model=model_dir,
+        max_model_len=max_model_len
+        or (min(local.pool.vllm.max_model_len, 4096) if engine == "vllm" else 65_536),
+        time_scale=time_scale,
+        scripted_replies=scripted_replies,
+        log_dir=local.output.parent / "logs",
+    )

@@ -1,0 +1,152 @@
+"""Rewards: a score for each finished trajectory (docs/rollouts.md, "Rewards").
+
+``http``: ``POST <url>`` with the trajectory's output record (without the
+reward fields); the endpoint answers 200 with ``{"reward": <finite number>,
+"info": {...}}`` (``info`` optional). The call follows the tools' policy
+(``_tools.py``): one deadline per attempt from connect to last byte, a reply
+capped at :data:`~heddle.rollout._tools.MAX_REPLY_BYTES`, timeouts, broken
+connections, 5xx and non-JSON bodies retried with backoff; a 4xx, a redirect,
+an oversized reply, or a JSON reply whose ``reward`` is not a finite number is
+not (the endpoint would answer the same again). ``scripted``: 1.0 for a
+seeded share of the (task, sample) pairs and 0.0 for the rest, the same on
+every run, for load tests that need a reward column.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from heddle.api._reward_spec import RewardSpec
+from heddle.exceptions import ToolError
+
+from ._tools import MAX_REPLY_BYTES, read_capped, transport_cause
+
+__all__ = ["HttpReward", "RewardResult", "RewardScorer", "ScriptedReward", "make_scorer"]
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    reward: float | None  # None when the call failed
+    info: Mapping[str, Any] | None = None  # the endpoint's ``info``, as given
+    error: str | None = None  # why there is no reward
+    seconds: float = 0.0
+
+
+class RewardScorer(ABC):
+    def __init__(self, spec: RewardSpec) -> None:
+        self.spec = spec
+
+    @abstractmethod
+    async def score(self, record: Mapping[str, Any]) -> RewardResult:
+        """The score of one finished trajectory's record; never raises for a bad endpoint."""
+
+    async def close(self) -> None:
+        return None
+
+
+class ScriptedReward(RewardScorer):
+    async def score(self, record: Mapping[str, Any]) -> RewardResult:
+        # sha256, not hash(): Python salts str hashes per process, and the score must not move.
+        key = f"{self.spec.seed}\x00{record['task_id']}\x00{record['sample']}".encode()
+        draw = int.from_bytes(hashlib.sha256(key).digest()[:8], "big") / 2**64
+        return RewardResult(1.0 if draw < self.spec.success_rate else 0.0, {"scripted": True})
+
+
+class _RetryError(Exception):
+    pass
+
+
+class HttpReward(RewardScorer):
+    def __init__(self, spec: RewardSpec, *, max_reply_bytes: int = MAX_REPLY_BYTES) -> None:
+        super().__init__(spec)
+        self.max_reply_bytes = max_reply_bytes
+        self._client = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=256), follow_redirects=False
+        )
+
+    async def score(self, record: Mapping[str, Any]) -> RewardResult:
+        started = time.monotonic()
+        last = ""
+        for attempt in range(self.spec.retries + 1):
+            if attempt:  # the tools' backoff: 0.2 s doubling, at most 5 s
+                await asyncio.sleep(min(5.0, 0.2 * 2 ** (attempt - 1)))
+            try:
+                reward, info = await self._attempt(record)
+                return RewardResult(reward, info, None, time.monotonic() - started)
+            except _RetryError as exc:
+                last = str(exc)
+            except ToolError as exc:
+                return RewardResult(None, None, str(exc), time.monotonic() - started)
+        error = f"reward endpoint failed after {self.spec.retries + 1} attempts: {last}"
+        return RewardResult(None, None, error, time.monotonic() - started)
+
+    async def _attempt(self, record: Mapping[str, Any]) -> tuple[float, Mapping[str, Any] | None]:
+        timeout = self.spec.timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                async with self._client.stream(
+                    "POST",
+                    self.spec.url,
+                    json=dict(record),
+                    timeout=timeout,
+                    headers={"Accept-Encoding": "identity"},  # the cap counts what is held
+                ) as reply:
+                    status = reply.status_code
+                    if 300 <= status < 400:
+                        raise ToolError(
+                            f"reward endpoint answered with a redirect ({status}), which is not "
+                            "followed; set spec.environment.reward.url to the address that answers"
+                        )
+                    raw = await self._read(reply)
+        except (TimeoutError, httpx.TimeoutException):
+            raise _RetryError(f"no complete answer within {timeout:g} s (timeoutSeconds)") from None
+        except httpx.HTTPError as exc:
+            raise _RetryError(transport_cause(exc, "reward server")) from None
+        text = raw.decode("utf-8", errors="replace")
+        if 400 <= status < 500:
+            raise ToolError(f"reward endpoint refused the trajectory ({status}): {text[:300]}")
+        if status >= 500 or status < 200:
+            raise _RetryError(f"status {status}: {text[:200]}")
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            raise _RetryError(f'reply is not JSON {{"reward": number}}: {text[:200]!r}') from None
+        return _parse_reply(data, text)
+
+    async def _read(self, reply: httpx.Response) -> bytes:
+        return await read_capped(reply, "reward endpoint", self.max_reply_bytes)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def _parse_reply(data: Any, text: str) -> tuple[float, Mapping[str, Any] | None]:
+    """``{"reward": finite number, "info": object?}``; anything else is a :class:`ToolError`."""
+    if not isinstance(data, dict) or "reward" not in data:
+        raise ToolError(f'reward endpoint replied without a "reward" field: {text[:200]!r}')
+    value = data["reward"]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ToolError(
+            f"reward endpoint replied reward={json.dumps(value)[:50]}; it must be a finite "
+            'number, e.g. {"reward": 1.0}'
+        )
+    info = data.get("info")
+    if info is not None and not isinstance(info, dict):
+        raise ToolError(f"reward endpoint replied info={json.dumps(info)[:50]}; give an object")
+    return float(value), info
+
+
+def make_scorer(spec: RewardSpec | None) -> RewardScorer | None:
+    if spec is None:
+        return None
+    return ScriptedReward(spec) if spec.type == "scripted" else HttpReward(spec)

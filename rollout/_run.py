@@ -1,0 +1,455 @@
+"""``heddle run``: a RolloutJob on local workers, no cluster needed.
+
+Reads the same manifests a user would ``kubectl apply``: the RolloutJob, and
+its EnginePool from ``--pool`` or from the job's own file. Relative paths in
+the job (tasks, output, a workload file, the checkpoint of ``spec.weights``)
+resolve against the job file's folder. ``model: tiny`` in the pool means the
+random-weight model that ``heddle model tiny`` writes (generated once into
+``.heddle/models/tiny``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from heddle.api._manifests import EnginePoolSpec, RolloutJobSpec, check_trajectories, load_manifests
+from heddle.exceptions import ManifestError, OutputError
+from heddle.scheduler import (
+    HARDWARE_PRESETS,
+    MODEL_PRESETS,
+    Distribution,
+    FinishedTrajectory,
+    PerfModel,
+    PoolShape,
+    ShapeConfig,
+    WorkloadSpec,
+    get_policy,
+    make_predictor,
+)
+from heddle.scheduler.sim import SimulatedShapePlanner
+
+from ._environments import Environment, SyntheticEnvironment, synthetic_tasks
+from ._external import ExternalEnvironment
+from ._gateway import Gateway
+from ._hosts import HostAllowList, check_tool_hosts
+from ._local import LocalPool, LocalWorkerOptions
+from ._output import OutputSink
+from ._presets import WORKLOAD_PRESETS, load_workload
+from ._progress import Progress, SessionMetrics
+from ._rewards import make_scorer
+from ._session import RolloutSession, SessionConfig, SessionResult
+from ._tasks import TaskSet, read_tasks
+from ._tools import ToolsEnvironment
+
+__all__ = [
+    "GATEWAY_TOKEN_ENV",
+    "GatewayOptions",
+    "LocalJob",
+    "PoolPlan",
+    "ProgressPrinter",
+    "gateway_file",
+    "job_workload",
+    "perf_model_for",
+    "prepare_job",
+    "prepare_manifests",
+    "run_local",
+]
+
+log = logging.getLogger("heddle.run")
+
+GATEWAY_TOKEN_ENV = "HEDDLE_GATEWAY_TOKEN"  # an external job's token, instead of a fresh one
+
+
+@dataclass(frozen=True)
+class GatewayOptions:
+    """Where an external job's gateway listens locally (port 0: a free one)."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    linger_s: float = 3.0  # served on after the job ends, so polling agents hear it ended
+
+
+@dataclass
+class LocalJob:
+    job: RolloutJobSpec
+    pool: EnginePoolSpec
+    tasks: TaskSet
+    workload: WorkloadSpec | None
+    output: Path
+    base_dir: Path
+
+
+def _pick(
+    docs: Sequence[Mapping[str, Any]], kind: str, name: str | None, source: str
+) -> Mapping[str, Any]:
+    found = [d for d in docs if d.get("kind") == kind]
+    if name is not None:
+        found = [d for d in found if (d.get("metadata") or {}).get("name") == name]
+    if len(found) != 1:
+        what = f"{kind} {name!r}" if name else kind
+        raise ManifestError(
+            f"{source}: expected one {what}, found {len(found)}; "
+            + ("pass --pool POOL.yaml" if kind == "EnginePool" else "pass --job NAME")
+        )
+    return found[0]
+
+
+def job_workload(spec: RolloutJobSpec, locate: Callable[[str], Path]) -> WorkloadSpec | None:
+    """The synthetic environment's workload: inline, a preset, or a file ``locate`` finds."""
+    synthetic = spec.environment.synthetic
+    if synthetic is None:
+        return None
+    if isinstance(synthetic.workload, Mapping):
+        return WorkloadSpec.from_dict(
+            dict(synthetic.workload), "spec.environment.synthetic.workload"
+        )
+    name = synthetic.workload
+    if name in WORKLOAD_PRESETS:
+        return load_workload(name)
+    return load_workload(str(locate(name)))
+
+
+def prepare_job(
+    job_path: Path, pool_path: Path | None = None, job_name: str | None = None
+) -> LocalJob:
+    """Parse and resolve everything a local run needs; no processes start here."""
+    docs = load_manifests(job_path)
+    pool_docs = load_manifests(pool_path) if pool_path is not None else docs
+    return prepare_manifests(
+        docs, pool_docs, job_name, base=job_path.parent, sources=(job_path, pool_path or job_path)
+    )
+
+
+def prepare_manifests(
+    docs: Sequence[Mapping[str, Any]],
+    pool_docs: Sequence[Mapping[str, Any]],
+    job_name: str | None = None,
+    *,
+    base: Path,
+    sources: tuple[object, object] = ("the job", "the pool"),
+) -> LocalJob:
+    """:func:`prepare_job` on manifests already parsed; relative paths resolve against ``base``."""
+    job = RolloutJobSpec.from_manifest(_pick(docs, "RolloutJob", job_name, str(sources[0])))
+    check_tool_hosts(job, HostAllowList.from_env())
+    pool = EnginePoolSpec.from_manifest(
+        _pick(pool_docs, "EnginePool", job.engine_pool, str(sources[1]))
+    )
+    workload = job_workload(job, lambda name: base / name)  # an absolute name stays as it is
+    if job.tasks.inline is not None:
+        tasks = read_tasks(inline=job.tasks.inline)
+    elif job.tasks.path is not None:
+        path = Path(job.tasks.path)
+        tasks = read_tasks(path=path if path.is_absolute() else base / path)
+    elif job.tasks.config_map is not None:
+        raise ManifestError(
+            f"RolloutJob {job.name!r}: tasks.configMap needs the operator on a cluster; "
+            "locally, use tasks.path (a JSONL file) or tasks.inline"
+        )
+    else:
+        assert workload is not None  # the manifest parser allows no tasks only for synthetic
+        check_trajectories(workload.prompts, job.samples_per_task, f"RolloutJob {job.name!r}")
+        tasks = TaskSet(
+            synthetic_tasks(
+                workload.prompts,
+                workload,
+                job.environment.synthetic.seed if job.environment.synthetic else 0,
+            ),
+            [],
+        )
+    check_trajectories(len(tasks.tasks), job.samples_per_task, f"RolloutJob {job.name!r}")
+    if job.weights is not None and not Path(job.weights.path).is_absolute():
+        job = replace(job, weights=replace(job.weights, path=str(base / job.weights.path)))
+    output = Path(job.output_path)
+    return LocalJob(
+        job, pool, tasks, workload, output if output.is_absolute() else base / output, base
+    )
+
+
+def perf_model_for(pool: EnginePoolSpec) -> PerfModel:
+    """The planner's performance model: the pool's model if it is a preset, else Qwen3-8B."""
+    lowered = pool.model.lower()
+    model = next((m for m in MODEL_PRESETS if m in lowered), "qwen3-8b")
+    return PerfModel(MODEL_PRESETS[model], HARDWARE_PRESETS["h100-sxm"])
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """What the shape planner decided: the shape, and how to schedule on it.
+
+    ``policy`` is the job's policy, or the step-centric policy the planner fell
+    back to where trajectory scheduling was predicted not to help (then with its
+    in-flight cap, ``max_trajectories_in_flight`` over the whole pool).
+    """
+
+    shape: PoolShape
+    policy: str
+    max_trajectories_in_flight: int | None = None
+
+
+def plan_shape(local: LocalJob, perf: PerfModel) -> PoolShape:
+    """The pool's shape (:func:`plan_pool`)."""
+    return plan_pool(local, perf).shape
+
+
+def plan_pool(local: LocalJob, perf: PerfModel) -> PoolPlan:
+    """A pinned shape as given; otherwise planned from the predictor's prior (no history).
+
+    The same planner as the simulator's (:class:`SimulatedShapePlanner`): each
+    candidate shape is scored by a scaled-down simulation of the predicted
+    trajectories (their lengths and turns from the predictor's prior; tool
+    latency and reply length from the synthetic workload when there is one),
+    so the KV cache, recompute, the batch cap and tool time count.
+    """
+    pool = local.pool
+    if pool.shape is not None:
+        return PoolPlan(pool.shape, local.job.policy)
+    smallest = min(pool.tensor_parallel_sizes)
+    baseline = PoolShape.of({smallest: pool.gpus // smallest})
+    policy = get_policy(local.job.policy)
+    if not policy.adaptive_shape or policy.predictor is None:
+        return PoolPlan(baseline, local.job.policy)
+    predictor = make_predictor(policy.predictor)
+    from heddle.scheduler import Trajectory  # noqa: PLC0415 - only here
+
+    records = []
+    for i, task in enumerate(local.tasks.tasks):
+        prompt = max(1, sum(len(m["content"]) // 4 for m in task.messages))
+        for s in range(local.job.samples_per_task):
+            t = Trajectory(f"t{i}-{s}", f"t{i}", prompt)
+            prediction = predictor.update(t)
+            # The job's own limits bound what the prior predicts: a trajectory never
+            # generates more than maxTotalTokens nor runs more than maxTurns steps.
+            tokens = min(prediction.remaining_tokens, local.job.sampling.max_total_tokens)
+            turns = min(prediction.remaining_turns, local.job.max_turns)
+            records.append(
+                FinishedTrajectory(f"t{i}", prompt, max(1, round(tokens)), max(1, round(turns)))
+            )
+    tool_means: dict[str, float] = {}
+    reply_tokens = 128.0
+    if local.workload is not None and local.workload.tools:
+        tools = local.workload.tools
+        tool_means = {t.name: _dist_mean(t.latency_s) for t in tools}
+        reply_tokens = float(sum(_dist_mean(t.output_tokens) for t in tools) / len(tools))
+    config = ShapeConfig(
+        gpu_budget=pool.gpus,
+        gpus_per_node=pool.gpus_per_node,
+        tensor_parallel_sizes=pool.tensor_parallel_sizes,
+    )
+    # No running shape to weigh a reshape against: the pool takes the plan (the
+    # operator reshapes to it), and its fallback and cap were scored on that shape.
+    plan = SimulatedShapePlanner(perf, config).plan_history(
+        records,
+        None,
+        tool_means_s=tool_means,
+        tool_output_tokens=reply_tokens,
+        policy=policy.name,
+    )
+    if plan.fallback_policy is None:
+        return PoolPlan(plan.shape, local.job.policy)
+    cap = plan.max_trajectories_per_engine
+    return PoolPlan(
+        plan.shape, plan.fallback_policy, cap * plan.shape.num_instances if cap else None
+    )
+
+
+def _dist_mean(d: Distribution) -> float:
+    """Mean of a clipped log-normal, approximately (the unclipped mean, clipped)."""
+    return float(min(max(d.median * math.exp(0.5 * d.sigma**2), d.minimum), d.maximum))
+
+
+def build_environment(local: LocalJob) -> Environment:
+    environment = _environment(local)
+    environment.reward = make_scorer(local.job.environment.reward)
+    return environment
+
+
+def _environment(local: LocalJob) -> Environment:
+    env = local.job.environment
+    if env.type == "synthetic":
+        assert env.synthetic is not None and local.workload is not None
+        return SyntheticEnvironment(
+            local.workload,
+            len(local.tasks.tasks),
+            local.job.samples_per_task,
+            seed=env.synthetic.seed,
+            tool_time_scale=env.synthetic.tool_time_scale,
+            max_turns=local.job.max_turns,
+        )
+    if env.type == "external":
+        assert env.external is not None
+        return ExternalEnvironment(env.external, job=local.job.name, model=local.pool.model,
+                                   token=os.environ.get(GATEWAY_TOKEN_ENV) or None)  # fmt: skip
+    assert env.tools is not None
+    return ToolsEnvironment(env.tools)
+
+
+class ProgressPrinter:
+    """One rewritten line on a terminal; a line every ``every_s`` seconds elsewhere."""
+
+    def __init__(self, label: str, stream: TextIO = sys.stderr, every_s: float = 10.0) -> None:
+        self.label = label
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.every_s = every_s
+        self._last = -every_s
+
+    def __call__(self, p: Progress) -> None:
+        if self.tty:
+            total = max(1, p.total)
+            bar = "#" * int(24 * (p.done + p.failed) / total)
+            self.stream.write(f"\r{self.label} [{bar:<24s}] {p.line()}\x1b[K")
+            self.stream.flush()
+        elif p.elapsed_s - self._last >= self.every_s or p.done + p.failed == p.total:
+            self._last = p.elapsed_s
+            self.stream.write(f"{self.label}: {p.line()}\n")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+
+
+def summary_of(
+    local: LocalJob,
+    shape: PoolShape,
+    result: SessionResult,
+    engine: str,
+    scheduling: str | None = None,
+) -> dict[str, Any]:
+    p = result.progress
+    policy = get_policy(scheduling or local.job.policy)
+    return {
+        "job": local.job.name,
+        "policy": local.job.policy,
+        "scheduling": scheduling or local.job.policy,  # the planner's fallback, if it took one
+        "pool": {"name": local.pool.name, "shape": str(shape), "engine": engine},
+        "output": str(local.output),
+        "progress": p.as_dict(),
+        "tokens_per_s_overall": p.tokens / p.elapsed_s if p.elapsed_s > 0 else 0.0,
+        "steps": result.steps,
+        "migrations": result.migrations,
+        "recomputes": result.recomputes,
+        "worker_failures": result.worker_failures,
+        "mechanisms": {
+            "predictor": policy.predictor or "none",
+            "re_predictions": result.steps if policy.predictor else 0,
+            "promotions": result.promotions,
+            "ordering": policy.ordering,
+            "placement": policy.placement,
+            "replans": result.replans,
+            "migration": policy.migration,
+            "migrations": result.migrations,
+            "recomputes": result.recomputes,
+            "shape": str(shape),
+            "shape_source": "pinned in the pool" if local.pool.shape is not None else "planned",
+        },
+        "deadline_hit": result.deadline_hit,
+        "malformed_tasks": [str(e) for e in local.tasks.errors],
+        "failures": result.failures,
+    }
+
+
+async def run_local(
+    local: LocalJob,
+    options: LocalWorkerOptions,
+    *,
+    on_progress: Any = None,
+    session_config: SessionConfig | None = None,
+    metrics: SessionMetrics | None = None,
+    gateway: GatewayOptions | None = None,
+    on_gateway: Callable[[str, str], None] | None = None,
+) -> tuple[dict[str, Any], SessionResult]:
+    """Start the pool, run the session, stop the pool (also on error or cancellation).
+
+    An ``external`` job serves its gateway meanwhile: ``on_gateway(url, token)``
+    hears where, and ``OUTPUT.gateway.json`` (readable by its owner only) says it too.
+    """
+    for error in local.tasks.errors:
+        log.warning("skipping a malformed task: %s", error)
+    perf = perf_model_for(local.pool)
+    plan = plan_pool(local, perf)
+    shape = plan.shape
+    # Locked and checked before any worker starts: a second run on this output stops here.
+    sink = OutputSink(local.output)
+    sink.open()
+    pool = LocalPool(shape.tps(), options)
+    served: Gateway | None = None
+    session_ended = False
+    try:
+        workers = await pool.start()
+        environment = build_environment(local)
+        if isinstance(environment, ExternalEnvironment):
+            served = await _serve_gateway(local, environment, gateway or GatewayOptions())
+            if on_gateway is not None:
+                on_gateway(served.url, environment.token)
+        session = RolloutSession(
+            job=local.job.name,
+            tasks=local.tasks.tasks,
+            samples_per_task=local.job.samples_per_task,
+            environment=environment,
+            workers=workers,
+            sink=sink,
+            perf=perf,
+            sampling=local.job.sampling,
+            max_turns=local.job.max_turns,
+            policy=plan.policy,
+            deadline_s=local.job.deadline_s,
+            malformed_tasks=len(local.tasks.errors),
+            config=session_config or SessionConfig(replan_interval_s=local.job.replan_interval_s),
+            on_progress=on_progress,
+            metrics=metrics,
+            weights=local.job.weights,
+            max_trajectories_in_flight=plan.max_trajectories_in_flight,
+        )
+        result = await session.run()
+        session_ended = True
+    finally:
+        sink.close()  # the session closed it already unless it never ran
+        if served is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                if session_ended:  # not on Ctrl-C or an error: then it goes at once
+                    await asyncio.sleep((gateway or GatewayOptions()).linger_s)
+            await asyncio.shield(served.stop())
+            gateway_file(local.output).unlink(missing_ok=True)  # an agent never finds a stale one
+        await asyncio.shield(pool.stop())
+    summary = summary_of(local, shape, result, options.engine, plan.policy)
+    summary_path = local.output.with_name(local.output.name + ".summary.json")
+    try:
+        summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise OutputError(f"cannot write the summary {summary_path}: {exc.strerror}") from exc
+    return summary, result
+
+
+def gateway_file(output: Path) -> Path:
+    """Where a local external job writes its gateway's URL and token."""
+    return output.with_name(output.name + ".gateway.json")
+
+
+async def _serve_gateway(
+    local: LocalJob, environment: ExternalEnvironment, options: GatewayOptions
+) -> Gateway:
+    served = Gateway(environment, options.host, options.port)
+    url = await served.start()
+    path = gateway_file(local.output)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"job": local.job.name, "url": url, "token": environment.token,
+                       "model": environment.model}, f)  # fmt: skip
+            f.write("\n")
+    except OSError as exc:
+        await served.stop()
+        raise OutputError(f"cannot write the gateway file {path}: {exc.strerror}") from exc
+    return served

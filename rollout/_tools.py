@@ -1,0 +1,333 @@
+"""The ``tools`` environment: tool calls parsed from the model's text, run over HTTP.
+
+The worker parses each turn with the vLLM tool parser the job names (it holds
+the tokenizer) and the session runs the calls it returns; the regex
+:class:`HermesParser` here is the fallback for engines without one (the sim
+engine). The record's messages carry the calls in OpenAI's format.
+
+Tool protocol (docs/rollouts.md): ``POST <url>`` with JSON
+``{"name": ..., "arguments": {...}, "trajectory_id": ...}``; the tool answers
+200 with ``{"content": "<text for the model>"}``. Each attempt has one
+deadline, ``timeoutSeconds`` from connect to the last byte, and its reply is
+streamed and refused past :data:`MAX_REPLY_BYTES` without reading the rest.
+Timeouts, broken connections, 5xx and replies of any other form are retried
+with backoff; a 4xx (bad arguments), a redirect (not followed) or an
+oversized reply is not. A call that fails in the end (or names an unknown
+tool) goes back to the model as a tool message under ``onError: message``;
+under ``onError: fail`` it ends the trajectory as failed with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import httpx
+
+from heddle.api._manifests import ToolEndpointSpec, ToolsSpec
+from heddle.exceptions import ToolError
+
+from ._environments import Environment, Episode, Outcome, ParsedCalls
+from ._tasks import Task
+
+__all__ = [
+    "MAX_REPLY_BYTES",
+    "HermesParser",
+    "ToolCall",
+    "ToolCallParser",
+    "ToolsEnvironment",
+    "read_capped",
+    "transport_cause",
+]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: Mapping[str, Any]
+    id: str = ""
+
+    def openai(self) -> dict[str, Any]:
+        """The call as an assistant message lists it (arguments as a JSON string)."""
+        arguments = json.dumps(dict(self.arguments), ensure_ascii=False)
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": arguments},
+        }
+
+
+class ToolCallParser(ABC):
+    """Finds tool calls in a turn's text; malformed ones come back as error strings."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def parse(self, text: str) -> tuple[list[ToolCall], list[str]]:
+        """(calls, errors)."""
+
+    @abstractmethod
+    def content(self, text: str) -> str:
+        """The turn's text without its tool calls."""
+
+
+class HermesParser(ToolCallParser):
+    """Hermes/Qwen: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks."""
+
+    name = "hermes"
+    _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+    def parse(self, text: str) -> tuple[list[ToolCall], list[str]]:
+        calls: list[ToolCall] = []
+        errors: list[str] = []
+        for block in self._BLOCK.findall(text):
+            try:
+                data = json.loads(block)
+            except json.JSONDecodeError as exc:
+                errors.append(f"tool call is not valid JSON ({exc.msg}): {block.strip()[:200]}")
+                continue
+            args = data.get("arguments", {}) if isinstance(data, dict) else None
+            if isinstance(args, str):  # some models emit arguments as a JSON string
+                try:
+                    args = json.loads(args)
+                except json.JSONDecodeError:
+                    args = None
+            if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+                errors.append(
+                    f'tool call needs {{"name": string, "arguments": object}}: {block[:200]}'
+                )
+            elif not isinstance(args, dict):
+                errors.append(f"tool call {data['name']!r}: arguments must be a JSON object")
+            else:
+                calls.append(ToolCall(data["name"], args))
+        return calls, errors
+
+    def content(self, text: str) -> str:
+        return text.split("<tool_call>", 1)[0]
+
+
+def _from_worker(parsed: ParsedCalls) -> tuple[list[ToolCall], list[str]]:
+    """The worker's OpenAI-format calls; arguments that are not a JSON object are errors."""
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    for call in parsed.calls:
+        name = str(call["function"]["name"])
+        try:
+            args = json.loads(call["function"]["arguments"])
+        except (TypeError, ValueError):
+            args = None
+        if isinstance(args, dict):
+            calls.append(ToolCall(name, args, str(call.get("id", ""))))
+        else:
+            errors.append(f"tool call {name!r}: arguments must be a JSON object")
+    return calls, errors
+
+
+MAX_REPLY_BYTES = 1 << 20  # a tool reply's HTTP body at most; a longer one is refused unread
+
+
+class _RetryableError(Exception):
+    pass
+
+
+async def call_tool(
+    client: httpx.AsyncClient,
+    endpoint: ToolEndpointSpec,
+    call: ToolCall,
+    trajectory_id: str,
+    *,
+    max_reply_bytes: int = MAX_REPLY_BYTES,
+) -> str:
+    """The tool's reply content; raises :class:`ToolError` once retries are spent."""
+    body = {"name": call.name, "arguments": dict(call.arguments), "trajectory_id": trajectory_id}
+    last = ""
+    for attempt in range(endpoint.retries + 1):
+        if attempt:
+            await asyncio.sleep(min(5.0, 0.2 * 2 ** (attempt - 1)))
+        try:
+            return await _attempt(client, endpoint, body, max_reply_bytes)
+        except _RetryableError as exc:
+            last = str(exc)
+    raise ToolError(f"tool {call.name!r} failed after {endpoint.retries + 1} attempts: {last}")
+
+
+async def _attempt(
+    client: httpx.AsyncClient, endpoint: ToolEndpointSpec, body: dict[str, Any], cap: int
+) -> str:
+    name = body["name"]
+    try:
+        # httpx's timeout bounds each read; the whole exchange needs a deadline of its own.
+        async with asyncio.timeout(endpoint.timeout_s):
+            async with client.stream(
+                "POST",
+                endpoint.url,
+                json=body,
+                timeout=endpoint.timeout_s,
+                headers={"Accept-Encoding": "identity"},  # the cap counts what is held
+            ) as reply:
+                status = reply.status_code
+                if 300 <= status < 400:
+                    raise ToolError(
+                        f"tool {name!r} answered with a redirect ({status}), which is not "
+                        "followed; set the endpoint's url to the address that answers"
+                    )
+                raw = await read_capped(reply, f"tool {name!r}", cap)
+    except (TimeoutError, httpx.TimeoutException):
+        raise _RetryableError(
+            f"no complete answer within {endpoint.timeout_s:g} s (timeoutSeconds)"
+        ) from None
+    except httpx.HTTPError as exc:
+        raise _RetryableError(transport_cause(exc)) from None
+    text = raw.decode("utf-8", errors="replace")
+    if 400 <= status < 500:
+        raise ToolError(f"tool {name!r} refused the call ({status}): {text[:300]}")
+    if status >= 500 or status < 200:
+        raise _RetryableError(f"status {status}: {text[:200]}")
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or not isinstance(data.get("content"), str):
+        raise _RetryableError(f'reply is not JSON {{"content": string}}: {text[:200]!r}')
+    return str(data["content"])
+
+
+async def read_capped(reply: httpx.Response, who: str, cap: int) -> bytes:
+    """The body, refused (unread) once it passes ``cap`` bytes; ``who`` names the sender."""
+    too_large = ToolError(
+        f"{who} replied with more than {cap} bytes, the cap on a reply; the rest was not read"
+    )
+    declared = reply.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in reply.aiter_bytes():
+        size += len(chunk)
+        if size > cap:
+            raise too_large  # leaving the stream closes the connection mid-body
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def transport_cause(exc: httpx.HTTPError, server: str = "tool server") -> str:
+    """A sentence naming why the exchange broke (never the URL: it may go to the model)."""
+    causes: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(causes) < 8:
+        causes.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    if any(isinstance(c, ConnectionResetError) for c in causes):
+        return f"the {server} reset the connection"
+    if any(isinstance(c, ConnectionRefusedError) for c in causes):
+        return f"the {server} refused the connection (nothing listens at that address)"
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return f"the {server} closed the connection before a complete reply"
+    if isinstance(exc, httpx.ConnectError):
+        return f"cannot connect to the {server} (unknown host or unreachable)"
+    if isinstance(exc, httpx.ReadError | httpx.WriteError):
+        return f"the connection to the {server} broke mid-call"
+    return f"the call failed below HTTP ({type(exc).__name__})"
+
+
+@dataclass
+class _ToolsEpisode(Episode):
+    env: ToolsEnvironment | None = None
+
+    def chat_tools(self) -> tuple[Sequence[Mapping[str, Any]], str | None]:
+        env = self.env
+        assert env is not None
+        tools = env.spec.schemas if self.task.tools is None else self.task.tools
+        return tools, env.spec.parser
+
+    async def after_turn(
+        self, turn: int, text: str, finish_reason: str, parsed: ParsedCalls | None = None
+    ) -> Outcome:
+        env = self.env
+        assert env is not None
+        if parsed is not None:
+            calls, errors = _from_worker(parsed)
+            content = parsed.content
+        else:  # an engine without vLLM's parsers: the Hermes regex
+            calls, errors = env.parser.parse(text)
+            content = env.parser.content(text)
+        calls = [
+            c if c.id else dataclasses.replace(c, id=f"call_{turn}_{i}")
+            for i, c in enumerate(calls)
+        ]
+        assistant = (
+            {"role": "assistant", "content": content, "tool_calls": [c.openai() for c in calls]}
+            if calls
+            else None
+        )
+        if not calls and not errors:
+            return Outcome(done=True, finish_reason="stop" if finish_reason == "stop" else "length")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        results = await asyncio.gather(*(env.run(call, self.trajectory_id) for call in calls))
+        self.tool_seconds += loop.time() - started
+        messages: list[Mapping[str, Any]] = [
+            {"role": "tool", "content": f"error: {e}"} for e in errors
+        ]
+        failures = len(errors)
+        for call, (reply, failed) in zip(calls, results, strict=True):
+            failures += failed
+            if failed and env.spec.on_error == "fail":
+                return Outcome(
+                    done=True,
+                    finish_reason="failed",
+                    error=reply,
+                    tool_calls=tuple(c.name for c in calls),
+                    tool_errors=failures,
+                    assistant=assistant,
+                )
+            messages.append({"role": "tool", "content": reply, "tool_call_id": call.id})
+        return Outcome(
+            messages=tuple(messages),
+            tool_calls=tuple(c.name for c in calls),
+            tool_errors=failures,
+            assistant=assistant,
+        )
+
+
+class ToolsEnvironment(Environment):
+    """Real tools over HTTP, one shared connection pool."""
+
+    name = "tools"
+
+    def __init__(self, spec: ToolsSpec, *, expected_tool_s: float = 1.0) -> None:
+        self.spec = spec
+        self.parser = HermesParser()  # used only when the worker does not parse (sim)
+        self.endpoints = {e.name: e for e in spec.endpoints}
+        self.expected_tool_s = expected_tool_s
+        self._client = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=256), follow_redirects=False
+        )
+
+    def episode(self, task: Task, task_index: int, sample: int, trajectory_id: str) -> Episode:
+        return _ToolsEpisode(
+            task, sample, trajectory_id, expected_tool_s=self.expected_tool_s, env=self
+        )
+
+    async def run(self, call: ToolCall, trajectory_id: str) -> tuple[str, bool]:
+        """(content for the model, failed?)."""
+        endpoint = self.endpoints.get(call.name)
+        if endpoint is None:
+            return f"error: unknown tool {call.name!r}; available: {sorted(self.endpoints)}", True
+        try:
+            content = await call_tool(self._client, endpoint, call, trajectory_id)
+        except ToolError as exc:
+            return f"error: {exc}", True
+        if len(content) > self.spec.max_reply_chars:
+            cut = self.spec.max_reply_chars
+            content = content[:cut] + f"\n[tool reply cut at {cut} characters]"
+        return content, False
+
+    async def close(self) -> None:
+        await self._client.aclose()

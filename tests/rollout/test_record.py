@@ -1,0 +1,42 @@
+"""The session's record of one trajectory: histories in typed arrays, written as JSON."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from heddle.rollout._environments import SyntheticEnvironment, synthetic_tasks
+from heddle.rollout._presets import load_workload
+from heddle.rollout._record import TrajectoryRun
+from heddle.scheduler import Trajectory
+from heddle.worker._client import StepReply
+
+
+def _run() -> TrajectoryRun:
+    workload = load_workload("quickstart")
+    tasks = synthetic_tasks(1, workload, 0)
+    env = SyntheticEnvironment(workload, 1, 1, seed=0)
+    return TrajectoryRun(
+        Trajectory("t", "g", prompt_tokens=0), tasks[0], 0, 0, env.episode(tasks[0], 0, 0, "t")
+    )
+
+
+def test_a_logprob_json_cannot_carry_is_written_as_null() -> None:
+    """-inf and NaN reach the session as null; one of them must not stop the session."""
+    run = _run()
+    reply = StepReply([1, 2], [7, 8, 9], "abc", "stop", 2, 0, [-0.5, None, -1.5], 0.0, 0.0)
+    run.apply("w", reply, want_logprobs=True)
+    record = run.record(policy="heddle", want_logprobs=True)
+    assert record["response_logprobs"] == [-0.5, None, -1.5]
+    assert record["response_token_ids"] == [7, 8, 9] and record["prompt_token_ids"] == [1, 2]
+    assert record["response_mask"] == [1, 1, 1]
+    text = json.dumps(record, allow_nan=False)  # valid JSON: no NaN
+    assert not math.isnan(json.loads(text)["response_logprobs"][0])
+
+
+def test_forgetting_the_history_keeps_what_the_session_still_counts() -> None:
+    run = _run()
+    run.apply("w", StepReply([1], [5, 6], "x", "stop", 1, 0, None, 0.0, 0.0), want_logprobs=False)
+    run.forget_history()
+    assert (len(run.tokens), len(run.mask), run.messages) == (0, 0, [])
+    assert run.traj.turns == 1 and run.traj.generated_tokens == 2
