@@ -10,7 +10,6 @@ from ._fields import (
     Fields,
 )
 from ._manifests import (
-    API_VERSION,
     MAX_SAMPLES_PER_TASK,
     MAX_TRAJECTORIES,
     EnginePoolSpec,
@@ -24,6 +23,23 @@ from ._manifests import (
     WeightsSpec,
     check_trajectories,
     load_manifests,
+)
+from ._names import (
+    ANNOTATION_DRAINING,
+    ANNOTATION_DRAINING_SINCE,
+    ANNOTATION_SPEC_HASH,
+    API_VERSION,
+    ENGINEPOOL_KIND,
+    ENGINEPOOL_PLURAL,
+    FINALIZER,
+    GROUP,
+    LABEL_POOL,
+    LABEL_TP,
+    ROLLOUTJOB_KIND,
+    ROLLOUTJOB_PLURAL,
+    VERSION,
+    InstancePhase,
+    JobPhase,
 )
 from ._pod_template import (
     WORKER_CONTAINER,
@@ -44,16 +60,30 @@ from ._yaml import (
 )
 
 __all__ = [
+    "ANNOTATION_DRAINING",
+    "ANNOTATION_DRAINING_SINCE",
+    "ANNOTATION_SPEC_HASH",
     "API_VERSION",
+    "ENGINEPOOL_KIND",
+    "ENGINEPOOL_PLURAL",
+    "FINALIZER",
+    "GROUP",
+    "LABEL_POOL",
+    "LABEL_TP",
     "MAX_SAMPLES_PER_TASK",
     "MAX_TRAJECTORIES",
     "ON_REWARD_ERROR",
     "REWARD_TYPES",
+    "ROLLOUTJOB_KIND",
+    "ROLLOUTJOB_PLURAL",
+    "VERSION",
     "WORKER_CONTAINER",
     "EnginePoolSpec",
     "EnvironmentSpec",
     "ExternalSpec",
     "Fields",
+    "InstancePhase",
+    "JobPhase",
     "RewardSpec",
     "RolloutJobSpec",
     "SamplingSpec",

@@ -19,6 +19,7 @@ from heddle.scheduler import POLICIES, SAMPLING_LIMITS, PoolShape, check_tp_size
 from heddle.worker import TOOL_PARSERS, tool_schema_error
 
 from ._fields import Fields
+from ._names import API_VERSION
 from ._pod_template import check_pod_template, check_quantity, guaranteed_resources
 from ._reward_spec import RewardSpec, parse_reward
 from ._yaml import read_text, safe_load_all
@@ -40,7 +41,6 @@ __all__ = [
     "load_manifests",
 ]
 
-API_VERSION = "heddle.dev/v1alpha1"
 MAX_SAMPLES_PER_TASK = 1024  # also the CRD schema's maximum (a test keeps them equal)
 MAX_TRAJECTORIES = 1_000_000  # tasks x samples of one job: the session holds each in memory
 # metadata.name as Kubernetes checks it (a DNS-1123 subdomain); namespaces are labels.

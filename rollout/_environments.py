@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from heddle.scheduler import TrajectoryScript, WorkloadSpec, generate
 
+from ._output_record import TrajectoryStatus
 from ._tasks import Task
 
 if TYPE_CHECKING:  # _rewards imports _tools, which builds on this module
@@ -45,7 +46,7 @@ class Outcome:
     tool_calls: tuple[str, ...] = ()  # names of the tools called after this turn
     tool_errors: int = 0
     assistant: Mapping[str, Any] | None = None  # the turn as an OpenAI message with tool_calls
-    status: str | None = None  # when done: the record's status if not derived (e.g. truncated)
+    status: TrajectoryStatus | None = None  # when done: the record's status if not derived
     reward: float | None = None  # when done: a reward the environment itself reports
     reward_info: Mapping[str, Any] | None = None
     restart: bool = False  # start the trajectory afresh (its history dropped, nothing written)
@@ -84,13 +85,13 @@ class Episode(ABC):
         """The step just run: the context it saw and the tokens it generated."""
         return None
 
-    def finished(self, status: str, finish_reason: str) -> None:
+    def finished(self, status: TrajectoryStatus, finish_reason: str) -> None:
         """The trajectory's record is written (or it was given up); nothing follows."""
         return None
 
-    def record_fields(self) -> Mapping[str, Any]:
-        """Extra fields of the output record."""
-        return {}
+    def episode_record(self) -> dict[str, Any] | None:
+        """The record's ``episode`` field: how an outside agent ran it (None: no field)."""
+        return None
 
     def turn_limit(self, turn: int, default: int) -> tuple[int, bool]:
         """(max tokens, ignore EOS) of step ``turn`` (0-based)."""

@@ -40,6 +40,7 @@ from ._gateway_messages import (
     openai_call,
     stored_reply,
 )
+from ._output_record import TrajectoryStatus
 from ._tasks import Task
 from ._tools import HermesParser
 
@@ -227,7 +228,7 @@ class ExternalEpisode(Episode):
             return Outcome(done=True, finish_reason="stop", reward=event.reward,
                            reward_info=event.info)  # fmt: skip
         if event.kind == "finish":
-            return Outcome(done=True, status="truncated", finish_reason=event.reason,
+            return Outcome(done=True, status=TrajectoryStatus.TRUNCATED, finish_reason=event.reason,
                            error=event.error)  # fmt: skip
         # abandoned by its agent: hand it out afresh if the job allows, else write it
         assert self.env is not None
@@ -243,7 +244,7 @@ class ExternalEpisode(Episode):
             self.env.requeue(self)
             return Outcome(restart=True)
         self.state = "ended"
-        return Outcome(done=True, status="truncated", finish_reason=event.reason,
+        return Outcome(done=True, status=TrajectoryStatus.TRUNCATED, finish_reason=event.reason,
                        error=event.error)  # fmt: skip
 
     async def _next(self) -> _Event:
@@ -292,20 +293,18 @@ class ExternalEpisode(Episode):
         if call is not None and not call.reply.done():
             call.reply.set_exception(GatewayError(409, why, code="episode_ended"))
 
-    def finished(self, status: str, finish_reason: str) -> None:
+    def finished(self, status: TrajectoryStatus, finish_reason: str) -> None:
         queued, self.state = self.state == "queued", "finished"
         why = f"episode {self.episode_id} has ended ({status}: {finish_reason})"
         self._fail_current(why)
         if self.env is not None:
             self.env.done(self, why, queued=queued)
 
-    def record_fields(self) -> Mapping[str, Any]:
+    def episode_record(self) -> dict[str, Any] | None:
         return {
-            "episode": {
-                "id": self.episode_id,
-                "hand_outs": self.hand_outs,
-                "abandoned": list(self.abandoned),
-            }
+            "id": self.episode_id,
+            "hand_outs": self.hand_outs,
+            "abandoned": list(self.abandoned),
         }
 
 

@@ -28,6 +28,7 @@ import httpx
 from heddle.exceptions import ConfigError, HeddleError
 from heddle.worker import THREADS_BIND, TOKEN_ENV, vllm_cpu_env
 from heddle.worker._client import WorkerEndpoint
+from heddle.worker._command import DEFAULT_WORKER_ARGS, WorkerArgs
 
 if TYPE_CHECKING:
     from ._run import LocalJob
@@ -104,22 +105,23 @@ class LocalPool:
 
     def _command(self, tp: int, port: int) -> list[str]:
         o = self.options
-        cmd = [
-            sys.executable, "-m", "heddle", "worker",
-            "--engine", o.engine, "--tp", str(tp),
-            "--host", o.host, "--port", str(port),
-            "--max-model-len", str(o.max_model_len), "--grace", str(o.grace_s),
-        ]  # fmt: skip
-        if o.engine == "vllm":
-            cmd += ["--model", str(o.model), "--block-size", str(o.block_size)]
-            cmd += ["--kv-cache-gib", str(o.kv_cache_gib), "--max-num-seqs", str(o.max_num_seqs)]
-        else:
-            cmd += ["--time-scale", str(o.time_scale)]
-            if o.cluster:
-                cmd += ["--cluster", o.cluster]
-            if o.scripted_replies:
-                cmd.append("--scripted-replies")
-        return cmd
+        vllm = o.engine == "vllm"
+        args = WorkerArgs(
+            engine="vllm" if vllm else "sim",
+            tp=tp,
+            host=o.host,
+            port=port,
+            max_model_len=o.max_model_len,
+            grace_s=o.grace_s,
+            model=str(o.model) if vllm else None,
+            block_size=o.block_size if vllm else None,
+            kv_cache_gib=o.kv_cache_gib,
+            max_num_seqs=o.max_num_seqs,
+            time_scale=o.time_scale,
+            cluster=o.cluster or DEFAULT_WORKER_ARGS.cluster,
+            scripted_replies=o.scripted_replies and not vllm,
+        )
+        return [sys.executable, "-m", "heddle", *args.argv()]
 
     def _spawn(self, name: str, tp: int, cores: list[int]) -> _Proc:
         o = self.options

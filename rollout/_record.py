@@ -23,6 +23,7 @@ from heddle.scheduler import Trajectory, TrajectoryState
 from heddle.worker._client import StepReply
 
 from ._environments import Episode
+from ._output_record import OutputRecord, TrajectoryStatus
 from ._tasks import Task
 
 __all__ = ["TrajectoryRun"]
@@ -57,7 +58,7 @@ class TrajectoryRun:
     finished_at: float = 0.0
     queue_s: float = 0.0
     generate_s: float = 0.0
-    status: str = "running"
+    status: TrajectoryStatus = TrajectoryStatus.RUNNING
     finish_reason: str = ""
     error: str | None = None
     reward: float | None = None
@@ -121,13 +122,15 @@ class TrajectoryRun:
         self.tokens, self.mask, self.logprobs = array("i"), array("b"), array("d")
         self.messages, self.pending, self.steps_on = [], [], []
 
-    def record(self, *, policy: str, want_logprobs: bool) -> dict[str, Any]:
+    def record(
+        self, *, policy: str, want_logprobs: bool, weight_version: str | None = None
+    ) -> OutputRecord:
         prompt_len = self.prompt_len or 0
         response = self.tokens[prompt_len:]
         mask = self.mask[prompt_len:]
         finished = self.finished_at or time.time()
         generated = sum(mask)
-        rec: dict[str, Any] = {
+        rec: OutputRecord = {
             "task_id": self.task.id,
             "sample": self.sample,
             "trajectory_id": self.traj.id,
@@ -166,13 +169,14 @@ class TrajectoryRun:
                 "tool_output_tokens": list(self.tool_output_tokens),
             },
             "policy": policy,
+            "weight_version": weight_version,
             "metadata": dict(self.task.metadata),
             "task_index": self.task_index,  # place in the task set: the trainer's batch order
             "task_fields": dict(self.task.fields),
+            "reward": self.reward,
+            "reward_info": None if self.reward_info is None else dict(self.reward_info),
+            "reward_error": self.reward_error,
         }
         if want_logprobs:
             rec["response_logprobs"] = [None if math.isnan(x) else x for x in self.logprobs]
-        rec["reward"] = self.reward
-        rec["reward_info"] = None if self.reward_info is None else dict(self.reward_info)
-        rec["reward_error"] = self.reward_error
         return rec

@@ -53,6 +53,7 @@ from heddle.worker._http import HttpPool
 from ._admission import AdmissionWindow
 from ._environments import Environment, Outcome, ParsedCalls
 from ._output import OutputSink, record_key
+from ._output_record import OutputRecord, TrajectoryStatus
 from ._progress import Progress, SessionMetrics, TokenRate
 from ._record import TrajectoryRun
 from ._tasks import Task
@@ -381,7 +382,7 @@ class RolloutSession:
                 run.reward_error = "the deadline came before the reward endpoint answered"
                 self._write(run)
             elif run.status == "running":
-                run.status, run.finish_reason = "truncated", "deadline"
+                run.status, run.finish_reason = TrajectoryStatus.TRUNCATED, "deadline"
                 if self.environment.reward is not None:
                     run.reward_error = "not scored: the deadline came before it finished"
                 self._write(run)
@@ -418,7 +419,9 @@ class RolloutSession:
         """End the trajectory as the environment's ``outcome`` says."""
         if outcome.reward is not None or outcome.reward_info is not None:
             run.reward, run.reward_info = outcome.reward, outcome.reward_info
-        status = outcome.status or ("failed" if outcome.finish_reason == "failed" else "done")
+        status = outcome.status or (
+            TrajectoryStatus.FAILED if outcome.finish_reason == "failed" else TrajectoryStatus.DONE
+        )
         await self._finish(run, status, outcome.finish_reason, outcome.error)
 
     async def _turns(self, run: TrajectoryRun) -> bool:
@@ -427,7 +430,7 @@ class RolloutSession:
         while True:
             remaining = self.sampling.max_total_tokens - traj.generated_tokens
             if remaining <= 0:
-                await self._finish(run, "truncated", "length")
+                await self._finish(run, TrajectoryStatus.TRUNCATED, "length")
                 return False
             max_tokens, ignore_eos = run.episode.turn_limit(
                 traj.turns, self.sampling.max_tokens_per_turn
@@ -439,13 +442,13 @@ class RolloutSession:
                 worker, reply = await self._step(run, max_tokens, ignore_eos)
             except WorkerRejectedError as exc:
                 if exc.status == 400 and "max length" in str(exc):
-                    await self._finish(run, "truncated", "context_length", str(exc))
+                    await self._finish(run, TrajectoryStatus.TRUNCATED, "context_length", str(exc))
                     return False
                 # The request itself is at fault: sending it again would fail again.
-                await self._finish(run, "failed", "failed", str(exc), rejected=exc)
+                await self._finish(run, TrajectoryStatus.FAILED, "failed", str(exc), rejected=exc)
                 return False
             except StepFailedError as exc:
-                await self._finish(run, "failed", "failed", str(exc))
+                await self._finish(run, TrajectoryStatus.FAILED, "failed", str(exc))
                 return False
             run.apply(worker, reply, self.sampling.logprobs)
             run.episode.note_step(len(run.tokens) - len(reply.token_ids), len(reply.token_ids))
@@ -491,7 +494,7 @@ class RolloutSession:
             run.pending.extend(outcome.messages)
             run.tool_latency_s.append(tool_s)
             if outcome_done:
-                await self._finish(run, "truncated", reason)
+                await self._finish(run, TrajectoryStatus.TRUNCATED, reason)
                 return False
             self._predict(run)
 
@@ -643,7 +646,7 @@ class RolloutSession:
     async def _finish(
         self,
         run: TrajectoryRun,
-        status: str,
+        status: TrajectoryStatus,
         reason: str,
         error: str | None = None,
         *,
@@ -671,16 +674,20 @@ class RolloutSession:
         if scorer is None:
             return
         run.scoring = True
-        record = self._record(run)  # the record as it will be written, less what is to fill
-        for key in ("reward", "reward_info", "reward_error"):  # what the scorer is to fill
-            del record[key]
+        # The record as it will be written, less what the scorer is to fill.
+        fill = ("reward", "reward_info", "reward_error")
+        record = {k: v for k, v in self._record(run).items() if k not in fill}
         got = await scorer.score(record)
         run.scoring = False
         run.reward, run.reward_info, run.reward_error = got.reward, got.info, got.error
         self.metrics.reward_calls.labels(self.job, "ok" if got.error is None else "error").inc()
         self.metrics.reward_seconds.labels(self.job).observe(got.seconds)
         if got.error is not None and scorer.spec.on_error == "fail":
-            run.status, run.finish_reason, run.error = "failed", "reward_failed", got.error
+            run.status, run.finish_reason, run.error = (
+                TrajectoryStatus.FAILED,
+                "reward_failed",
+                got.error,
+            )
             run.traj.state = TrajectoryState.FAILED
 
     def _note_finish(self, rejected: WorkerRejectedError | None) -> None:
@@ -706,11 +713,16 @@ class RolloutSession:
         assert self._give_up_reason is not None
         raise self._give_up_reason
 
-    def _record(self, run: TrajectoryRun) -> dict[str, Any]:
+    def _record(self, run: TrajectoryRun) -> OutputRecord:
         spec = self.weights.spec
-        record = run.record(policy=self.policy.name, want_logprobs=self.sampling.logprobs)
-        record["weight_version"] = spec.version if spec is not None else None
-        record.update(run.episode.record_fields())
+        record = run.record(
+            policy=self.policy.name,
+            want_logprobs=self.sampling.logprobs,
+            weight_version=spec.version if spec is not None else None,
+        )
+        episode = run.episode.episode_record()
+        if episode is not None:
+            record["episode"] = episode
         return record
 
     def _write(self, run: TrajectoryRun) -> None:

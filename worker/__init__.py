@@ -14,6 +14,7 @@ from ._app import WorkerState, create_app
 from ._auth import OPEN_PATHS, TOKEN_ENV, read_token
 from ._body_limit import MAX_BODY_BYTES
 from ._chat import TOOL_PARSERS, tool_schema_error
+from ._command import DEFAULT_WORKER_ARGS, WorkerArgs, add_worker_arguments, parse_worker_argv
 from ._engine import Engine, EngineError, EngineStats, ParsedTurn, Sampling, StepOutput
 from ._environment import (
     Check,
@@ -45,6 +46,7 @@ from ._vllm_env import THREADS_BIND, vllm_cpu_env
 from ._weights import LoadedWeights
 
 __all__ = [
+    "DEFAULT_WORKER_ARGS",
     "FIELD_RANGES",
     "MAX_BODY_BYTES",
     "OPEN_PATHS",
@@ -76,9 +78,12 @@ __all__ = [
     "VLLMEngine",
     "WeightsRequest",
     "WeightsResponse",
+    "WorkerArgs",
     "WorkerState",
+    "add_worker_arguments",
     "check_vllm_environment",
     "create_app",
+    "parse_worker_argv",
     "probe_vllm_import",
     "read_token",
     "serve",

@@ -11,12 +11,20 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from heddle.exceptions import WorkerRejectedError, WorkerUnavailableError
 
 from . import _json
 from ._http import HttpError, HttpPool, HttpTimeoutError
+from ._wire import (
+    GenerateBody,
+    GenerateReplyBody,
+    ImportBody,
+    SamplingBody,
+    WeightsBody,
+    WeightsReplyBody,
+)
 
 __all__ = ["StepReply", "WorkerClient", "WorkerEndpoint"]
 
@@ -113,7 +121,7 @@ class WorkerClient:
         tools: Sequence[Mapping[str, Any]] | None = None,
         tool_parser: str | None = None,
     ) -> StepReply:
-        body: dict[str, Any] = {"sampling": dict(sampling), "priority": priority}
+        body: GenerateBody = {"sampling": cast(SamplingBody, dict(sampling)), "priority": priority}
         if reset:
             body["reset"] = True
         if weight_version is not None:
@@ -126,7 +134,7 @@ class WorkerClient:
                 body["tools"] = [dict(t) for t in tools]
         if tool_parser is not None:
             body["tool_parser"] = tool_parser
-        data = await self._request(
+        data: GenerateReplyBody = await self._request(
             "POST",
             f"/v1/trajectories/{trajectory_id}/generate",
             json_body=body,
@@ -152,7 +160,7 @@ class WorkerClient:
         await self._request(
             "PUT",
             f"/v1/trajectories/{trajectory_id}",
-            json_body={"token_ids": list(token_ids), "warm": warm},
+            json_body=ImportBody(token_ids=list(token_ids), warm=warm),
             timeout=self.step_timeout_s,
         )
 
@@ -166,8 +174,11 @@ class WorkerClient:
 
     async def load_weights(self, path: str, version: str, *, timeout: float) -> bool:
         """POST /v1/weights; True when the worker loaded, False when it already served them."""
-        data = await self._request(
-            "POST", "/v1/weights", json_body={"path": path, "version": version}, timeout=timeout
+        data: WeightsReplyBody = await self._request(
+            "POST",
+            "/v1/weights",
+            json_body=WeightsBody(path=path, version=version),
+            timeout=timeout,
         )
         return bool(data["loaded"])
 

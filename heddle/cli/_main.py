@@ -15,6 +15,7 @@ from typing import Any
 
 from heddle import __version__
 from heddle.exceptions import HeddleError
+from heddle.worker._command import add_worker_arguments
 
 from ._export import add_export_parser
 from ._run import add_operator_parser, add_run_parser
@@ -386,66 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve one engine behind the worker HTTP API",
         description="The pod-side process of an EnginePool (docs/worker-api.md).",
     )
-    p_worker.add_argument("--engine", choices=("sim", "vllm"), default="sim")
-    p_worker.add_argument("--model", default=None, help="model name or path (vllm)")
-    p_worker.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
-    p_worker.add_argument("--host", default="127.0.0.1")
-    p_worker.add_argument("--port", type=int, default=8000)
-    p_worker.add_argument("--max-model-len", type=int, default=65_536)
-    p_worker.add_argument(
-        "--grace",
-        type=float,
-        default=30.0,
-        help="seconds in-flight steps get to finish after SIGTERM",
-    )
-    p_worker.add_argument(
-        "--cluster",
-        default="64xh100",
-        help="sim: hardware and model whose performance model to run",
-    )
-    p_worker.add_argument(
-        "--time-scale",
-        type=float,
-        default=1.0,
-        help="sim: wall seconds per simulated second (0: as fast as possible)",
-    )
-    p_worker.add_argument("--seed", type=int, default=0)
-    p_worker.add_argument(
-        "--scripted-replies",
-        action="store_true",
-        help="sim: answer turn k with the k-th <reply>...</reply> block of the context (tests)",
-    )
-    p_worker.add_argument("--block-size", type=int, default=None, help="vllm: KV block size")
-    p_worker.add_argument("--max-num-seqs", type=int, default=100, help="vllm: batch cap")
-    p_worker.add_argument(
-        "--gpu-memory-utilization", type=float, default=0.9, help="vllm: share of GPU memory"
-    )
-    p_worker.add_argument(
-        "--vllm-arg",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="vllm: one more engine argument (repeatable), e.g. enable_chunked_prefill=true",
-    )
-    p_worker.add_argument(
-        "--kv-cache-gib",
-        type=int,
-        default=1,
-        help="vllm CPU build: KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE)",
-    )
-    p_worker.add_argument(
-        "--max-body-mib",
-        type=float,
-        default=None,  # the worker's own default (heddle.worker MAX_BODY_BYTES)
-        help="largest request body in MiB; larger ones get 413 (docs/worker-api.md)",
-    )
-    p_worker.add_argument(
-        "--token-file",
-        default=None,
-        metavar="PATH",
-        help="a file holding the token every call but /healthz, /readyz and /metrics must "
-        "carry (Authorization: Bearer); wins over $HEDDLE_WORKER_TOKEN (docs/worker-api.md)",
-    )
+    add_worker_arguments(p_worker)
     p_worker.set_defaults(func=_cmd_worker)
 
     p_model = sub.add_parser("model", help="make models for tests and the quickstart")

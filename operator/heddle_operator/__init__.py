@@ -7,11 +7,7 @@ official ``kubernetes`` package (docs/operator.md). The rollout itself is
 """
 
 from ._builders import (
-    DRAINING,
-    LABEL_POOL,
-    LABEL_TP,
     MAX_CONDITION_MESSAGE,
-    SPEC_HASH,
     WORKER_PORT,
     condition,
     headless_service,
@@ -61,11 +57,7 @@ from ._tokens import (
 )
 
 __all__ = [
-    "DRAINING",
-    "LABEL_POOL",
-    "LABEL_TP",
     "MAX_CONDITION_MESSAGE",
-    "SPEC_HASH",
     "TOKEN_KEY",
     "WORKER_PORT",
     "ApiError",

@@ -16,17 +16,23 @@ from typing import Any, cast
 import kopf
 
 from heddle.api._manifests import EnginePoolSpec
+from heddle.api._names import (
+    ANNOTATION_DRAINING,
+    ANNOTATION_SPEC_HASH,
+    LABEL_POOL,
+    LABEL_TP,
+    InstancePhase,
+)
 from heddle.api._pod_template import apply_pod_template
 from heddle.scheduler import PoolShape
+from heddle.worker._command import WorkerArgs
 
 from ._tokens import token_env
 
 __all__ = [
-    "DRAINING",
     "LABEL_POOL",
     "LABEL_TP",
     "MAX_CONDITION_MESSAGE",
-    "SPEC_HASH",
     "WORKER_PORT",
     "condition",
     "headless_service",
@@ -39,10 +45,6 @@ __all__ = [
 ]
 
 WORKER_PORT = 8000
-LABEL_POOL = "heddle.dev/pool"
-LABEL_TP = "heddle.dev/tp"
-SPEC_HASH = "heddle.dev/spec-hash"
-DRAINING = "heddle.dev/draining"
 GPU = "nvidia.com/gpu"
 SHM_VOLUME = "heddle-shm"
 
@@ -92,12 +94,17 @@ def worker_pod(
     requests = {**(resources.get("requests") or {}), GPU: str(tp)}
     limits = {**(resources.get("limits") or {}), GPU: str(tp)}
     command = [
-        "heddle", "worker", "--engine", "vllm",
-        "--model", pool.model, "--tp", str(tp),
-        "--host", "0.0.0.0", "--port", str(WORKER_PORT),
-        "--max-model-len", str(pool.vllm.max_model_len),
-        "--gpu-memory-utilization", str(pool.vllm.gpu_memory_utilization),
-    ]  # fmt: skip
+        "heddle",
+        *WorkerArgs(
+            engine="vllm",
+            model=pool.model,
+            tp=tp,
+            host="0.0.0.0",
+            port=WORKER_PORT,
+            max_model_len=pool.vllm.max_model_len,
+            gpu_memory_utilization=pool.vllm.gpu_memory_utilization,
+        ).argv(),
+    ]
     probe = {"httpGet": {"path": "/readyz", "port": WORKER_PORT}, "periodSeconds": 5}
     container: dict[str, Any] = {
         "name": "worker",
@@ -149,7 +156,7 @@ def worker_pod(
                 LABEL_TP: str(tp),
                 "app.kubernetes.io/name": "heddle-worker",
             },
-            "annotations": {SPEC_HASH: spec_hash(pool, token_digest)},
+            "annotations": {ANNOTATION_SPEC_HASH: spec_hash(pool, token_digest)},
             "ownerReferences": [_owner(pool_body)],
         },
         "spec": spec,
@@ -177,21 +184,22 @@ def headless_service(pool: EnginePoolSpec, pool_body: Mapping[str, Any]) -> dict
     }
 
 
-def pod_phase(pod: Mapping[str, Any]) -> str:
-    """Pending, Starting, Ready, Draining or Failed, as the pool's status reports it."""
+def pod_phase(pod: Mapping[str, Any]) -> InstancePhase:
+    """The instance's phase as the pool's status reports it, from its pod."""
     meta, status = pod.get("metadata", {}), pod.get("status") or {}
-    if (meta.get("annotations") or {}).get(DRAINING) == "true" or meta.get("deletionTimestamp"):
-        return "Draining"
-    phase = status.get("phase", "Pending")
+    draining = (meta.get("annotations") or {}).get(ANNOTATION_DRAINING) == "true"
+    if draining or meta.get("deletionTimestamp"):
+        return InstancePhase.DRAINING
+    phase = status.get("phase", "Pending")  # the pod's phase, Kubernetes' own vocabulary
     if phase in ("Failed", "Succeeded"):
-        return "Failed"
+        return InstancePhase.FAILED
     if phase != "Running":
-        return "Pending"
+        return InstancePhase.PENDING
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in status.get("conditions") or []
     )
-    return "Ready" if ready and status.get("podIP") else "Starting"
+    return InstancePhase.READY if ready and status.get("podIP") else InstancePhase.STARTING
 
 
 def shape_entries(shape: PoolShape) -> list[dict[str, int]]:

@@ -44,6 +44,7 @@ import kubernetes.config
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from heddle.api._names import ENGINEPOOL_PLURAL, GROUP, ROLLOUTJOB_PLURAL, VERSION
 from heddle.exceptions import ConfigError, HeddleError
 
 __all__ = ["ApiError", "KubeClient", "Resource", "RetryPolicy", "load_configuration"]
@@ -77,8 +78,8 @@ CONFIGMAPS = Resource("", "v1", "configmaps")
 SECRETS = Resource("", "v1", "secrets")
 EVENTS = Resource("", "v1", "events")
 SECRETS = Resource("", "v1", "secrets")
-ENGINEPOOLS = Resource("heddle.dev", "v1alpha1", "enginepools")
-ROLLOUTJOBS = Resource("heddle.dev", "v1alpha1", "rolloutjobs")
+ENGINEPOOLS = Resource(GROUP, VERSION, ENGINEPOOL_PLURAL)
+ROLLOUTJOBS = Resource(GROUP, VERSION, ROLLOUTJOB_PLURAL)
 
 
 @dataclass(frozen=True)

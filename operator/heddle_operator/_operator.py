@@ -21,6 +21,7 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
+from heddle.api._names import ENGINEPOOL_PLURAL, FINALIZER, GROUP, ROLLOUTJOB_PLURAL, VERSION
 from heddle.rollout._hosts import HostAllowList
 from heddle.rollout._paths import DATA_ROOT
 from heddle.rollout._progress import SessionMetrics
@@ -34,7 +35,6 @@ from ._pools import PoolRuntime, reconcile_pool
 __all__ = ["OperatorConfig", "build_registry", "run_operator"]
 
 log = logging.getLogger("heddle.operator")
-GROUP, VERSION = "heddle.dev", "v1alpha1"
 
 
 @dataclass(frozen=True)
@@ -98,10 +98,10 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.persistence.finalizer = "heddle.dev/finalizer"
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="heddle.dev")
+        settings.persistence.finalizer = FINALIZER
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix="heddle.dev", key="last-handled-configuration"
+            prefix=GROUP, key="last-handled-configuration"
         )
         settings.posting.level = logging.WARNING
         settings.posting.reporting_component = "heddle-operator"  # kubectl describe: From
@@ -139,7 +139,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
         # Worker pods by pool, kept current by kopf's watch: no LIST of pods per round.
         return {(namespace or "default", labels[LABEL_POOL]): copy.deepcopy(dict(body))}
 
-    @kopf.daemon(GROUP, VERSION, "enginepools", registry=registry, cancellation_timeout=10)
+    @kopf.daemon(GROUP, VERSION, ENGINEPOOL_PLURAL, registry=registry, cancellation_timeout=10)
     async def pool_daemon(
         body: kopf.Body,
         name: str,
@@ -172,7 +172,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
                 state.reshapes.labels(f"{namespace}/{name}").inc(runtime.reshapes - before)
             await stopped.wait(config.reconcile_interval_s)
 
-    @kopf.daemon(GROUP, VERSION, "rolloutjobs", registry=registry, cancellation_timeout=30)
+    @kopf.daemon(GROUP, VERSION, ROLLOUTJOB_PLURAL, registry=registry, cancellation_timeout=30)
     async def job_daemon(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
         ctx = JobContext(
             state.client(),

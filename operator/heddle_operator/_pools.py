@@ -21,14 +21,18 @@ from typing import Any, cast
 import kopf
 
 from heddle.api._manifests import EnginePoolSpec
+from heddle.api._names import (
+    ANNOTATION_DRAINING,
+    ANNOTATION_DRAINING_SINCE,
+    ANNOTATION_SPEC_HASH,
+    InstancePhase,
+)
 from heddle.exceptions import ManifestError
 from heddle.scheduler import PoolShape
 
 from ._builders import (
-    DRAINING,
     LABEL_POOL,
     LABEL_TP,
-    SPEC_HASH,
     WORKER_PORT,
     condition,
     headless_service,
@@ -46,7 +50,6 @@ from ._tokens import TokenState, ensure_worker_token, token_digest
 __all__ = ["OwnWrites", "PoolRuntime", "baseline_shape", "reconcile_pool"]
 
 log = logging.getLogger("heddle.operator.pools")
-DRAINING_SINCE = "heddle.dev/draining-since"
 SERVICE_CHECK_S = 60.0  # how often a round re-reads the headless Service and the token Secret
 
 
@@ -126,8 +129,8 @@ def _views(pods: Sequence[Mapping[str, Any]], current_hash: str) -> list[PodView
                 tp=int(labels.get(LABEL_TP, "1")),
                 phase=pod_phase(pod),
                 terminating=bool(meta.get("deletionTimestamp")),
-                draining=annotations.get(DRAINING) == "true",
-                outdated=annotations.get(SPEC_HASH) != current_hash,
+                draining=annotations.get(ANNOTATION_DRAINING) == "true",
+                outdated=annotations.get(ANNOTATION_SPEC_HASH) != current_hash,
             )
         )
     return views
@@ -182,7 +185,9 @@ async def reconcile_pool(
     for pod, view in zip(pods, views, strict=True):
         if not view.draining:
             continue
-        since = float((pod["metadata"].get("annotations") or {}).get(DRAINING_SINCE, now))
+        since = float(
+            (pod["metadata"].get("annotations") or {}).get(ANNOTATION_DRAINING_SINCE, now)
+        )
         left = resident.get(view.name, 0)
         if left == 0 or now - since > drain_timeout_s:
             drained.add(view.name)
@@ -197,7 +202,9 @@ async def reconcile_pool(
     for pod_name in actions.drain:
         after = await kube.patch(
             PODS, namespace, pod_name,
-            {"metadata": {"annotations": {DRAINING: "true", DRAINING_SINCE: str(now)}}},
+            {"metadata": {"annotations": {
+                ANNOTATION_DRAINING: "true", ANNOTATION_DRAINING_SINCE: str(now),
+            }}},
         )  # fmt: skip
         writes.note(by_name.get(pod_name), after, pod_name)
         _event(body, "Draining", f"draining {pod_name} before removing it")
@@ -246,7 +253,7 @@ async def _write_status(
     blocked_gpus: int,
     token_problem: str | None = None,
 ) -> None:
-    ready = PoolShape.of(Counter(v.tp for v in views if v.phase == "Ready"))
+    ready = PoolShape.of(Counter(v.tp for v in views if v.phase == InstancePhase.READY))
     versions = runtime.weight_versions  # what sessions loaded (RolloutJob spec.weights)
     for gone in set(versions) - {v.name for v in views}:
         del versions[gone]
@@ -261,7 +268,7 @@ async def _write_status(
     )
     all_ready = ready == desired and complete
     draining = [v.name for v in views if v.draining or v.terminating]
-    failed = [v.name for v in views if v.phase == "Failed"]
+    failed = [v.name for v in views if v.phase == InstancePhase.FAILED]
     stuck = [f"{v.name}: {why}" for p, v in zip(pods, views, strict=True) if (why := _stuck(p))]
     reshaping = not complete or bool(draining)
     updates = [

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from heddle.api._names import InstancePhase
 from heddle.scheduler import PoolShape
 
 from ._builders import instance_name
@@ -29,14 +30,14 @@ __all__ = ["PodView", "PoolActions", "plan_pool"]
 class PodView:
     name: str
     tp: int
-    phase: str  # Pending, Starting, Ready, Draining, Failed (builders.pod_phase)
+    phase: InstancePhase  # builders.pod_phase
     terminating: bool = False
     draining: bool = False
     outdated: bool = False
 
     @property
     def active(self) -> bool:
-        return not (self.terminating or self.draining or self.phase == "Failed")
+        return not (self.terminating or self.draining or self.phase == InstancePhase.FAILED)
 
 
 @dataclass
@@ -64,7 +65,7 @@ def plan_pool(
     for pod in pods:
         if pod.terminating:
             continue
-        if pod.phase == "Failed":
+        if pod.phase == InstancePhase.FAILED:
             actions.delete.append(pod.name)
             actions.notes.append(f"instance {pod.name} failed; replacing it")
         elif pod.draining and pod.name in drained:
@@ -80,7 +81,7 @@ def plan_pool(
         # Drain the least useful first: not ready yet, then the newest.
         ranked = sorted(
             (p for p in active if p.tp == tp),
-            key=lambda p: (p.phase == "Ready", -_index(p.name)),
+            key=lambda p: (p.phase == InstancePhase.READY, -_index(p.name)),
         )
         for pod in ranked[:surplus]:
             actions.drain.append(pod.name)

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from heddle.api._names import API_VERSION, LABEL_POOL
 from heddle.worker import TOKEN_ENV
 
 from ._kube import SECRETS, ApiError, KubeClient
@@ -65,10 +66,10 @@ def token_secret(pool_body: Mapping[str, Any], token: str) -> dict[str, Any]:
         "metadata": {
             "name": token_secret_name(name),
             "namespace": meta.get("namespace", "default"),
-            "labels": {"heddle.dev/pool": name, "app.kubernetes.io/name": "heddle-worker"},
+            "labels": {LABEL_POOL: name, "app.kubernetes.io/name": "heddle-worker"},
             "ownerReferences": [
                 {
-                    "apiVersion": "heddle.dev/v1alpha1",
+                    "apiVersion": API_VERSION,
                     "kind": "EnginePool",
                     "name": name,
                     "uid": meta.get("uid", ""),

@@ -28,6 +28,7 @@ import asyncio
 import base64
 import contextlib
 import copy
+import dataclasses
 import datetime as dt
 import itertools
 import os
@@ -47,6 +48,7 @@ import kmock
 import yaml
 
 from heddle.rollout._local import die_with_parent
+from heddle.worker._command import WorkerArgs, parse_worker_argv
 
 from ._crd_rules import rule_errors
 
@@ -365,12 +367,9 @@ class Kubelet:
                 await self._config_error(pod, problem)
                 return
             ip = f"{self._subnet}.{next(self._ips)}"
-            tp = pod["metadata"]["labels"]["heddle.dev/tp"]
             log = (self.log_dir / f"{name}.log").open("ab")
             process = subprocess.Popen(
-                [sys.executable, "-m", "heddle", "worker", "--engine", "sim", "--tp", tp,
-                 "--host", ip, "--port", "8000", "--time-scale", str(self.time_scale),
-                 "--max-model-len", "65536", "--grace", "1"],
+                [sys.executable, "-m", "heddle", *self._worker_args(pod, ip).argv()],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
                 preexec_fn=die_with_parent,  # noqa: PLW1509 - no worker outlives a killed test run
             )  # fmt: skip
@@ -394,6 +393,22 @@ class Kubelet:
                 "phase": "Running", "podIP": run.ip,
                 "conditions": [{"type": "Ready", "status": "True"}],
             })  # fmt: skip
+
+    def _worker_args(self, pod: dict[str, Any], ip: str) -> WorkerArgs:
+        """The pod's own ``heddle worker`` command, on the simulated engine at this pod's IP.
+
+        Parsing the command the operator wrote (rather than spelling another) makes every
+        scenario check that the worker pod's command line is one ``heddle worker`` takes.
+        """
+        (container,) = [c for c in pod["spec"]["containers"] if c["name"] == "worker"]
+        command = [*container.get("command", []), *container.get("args", [])]
+        assert command[:2] == ["heddle", "worker"], command
+        args = parse_worker_argv(command[2:])
+        # No GPU here: the simulated engine, with room for the scenarios' long contexts.
+        return dataclasses.replace(
+            args, engine="sim", model=None, host=ip, time_scale=self.time_scale,
+            max_model_len=65_536, grace_s=1.0,
+        )  # fmt: skip
 
     async def _env(self, pod: dict[str, Any]) -> tuple[dict[str, str], str | None]:
         """The worker container's environment, or the kubelet's message for what is missing."""

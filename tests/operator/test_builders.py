@@ -7,11 +7,10 @@ from typing import Any
 import pytest
 
 from heddle.api._manifests import EnginePoolSpec
+from heddle.api._names import ANNOTATION_DRAINING, ANNOTATION_SPEC_HASH
 from heddle.exceptions import ManifestError
 from heddle.operator._builders import (
-    DRAINING,
     MAX_CONDITION_MESSAGE,
-    SPEC_HASH,
     condition,
     headless_service,
     merge_conditions,
@@ -89,7 +88,8 @@ def test_pod_phase() -> None:
     assert pod_phase(_pod("Running", ready=True, ip="10.0.0.1")) == "Ready"
     assert pod_phase(_pod("Failed")) == "Failed"
     assert (
-        pod_phase(_pod("Running", True, "10.0.0.1", annotations={DRAINING: "true"})) == "Draining"
+        pod_phase(_pod("Running", True, "10.0.0.1", annotations={ANNOTATION_DRAINING: "true"}))
+        == "Draining"
     )
     assert pod_phase(_pod("Running", True, "10.0.0.1", deletionTimestamp="t")) == "Draining"
 
@@ -173,7 +173,7 @@ def test_pod_template_is_the_base_the_operator_builds_on() -> None:
     spec, meta = pod["spec"], pod["metadata"]
     assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "q"
     assert meta["labels"]["heddle.dev/pool"] == "qwen" and meta["annotations"]["a"] == "b"
-    assert SPEC_HASH in meta["annotations"]
+    assert ANNOTATION_SPEC_HASH in meta["annotations"]
     assert (spec["priorityClassName"], spec["serviceAccountName"]) == ("rl", "puller")
     assert spec["imagePullSecrets"] == [{"name": "regcred"}]
     assert spec["automountServiceAccountToken"] is False  # workers never call the API
@@ -234,5 +234,5 @@ def test_workers_read_the_pools_token_and_a_new_token_rolls_them() -> None:
         {"name": "HEDDLE_WORKER_TOKEN",
          "valueFrom": {"secretKeyRef": {"name": "qwen-worker-token", "key": "token"}}},
     ]  # fmt: skip
-    assert pod["metadata"]["annotations"][SPEC_HASH] == spec_hash(pool, "aaa")
+    assert pod["metadata"]["annotations"][ANNOTATION_SPEC_HASH] == spec_hash(pool, "aaa")
     assert spec_hash(pool, "aaa") != spec_hash(pool, "bbb")  # a new token replaces instances

@@ -40,3 +40,23 @@ def test_forgetting_the_history_keeps_what_the_session_still_counts() -> None:
     run.forget_history()
     assert (len(run.tokens), len(run.mask), run.messages) == (0, 0, [])
     assert run.traj.turns == 1 and run.traj.generated_tokens == 2
+
+
+def test_the_record_written_is_the_typed_output_record_and_the_docs_name_every_field() -> None:
+    from pathlib import Path
+    from typing import get_type_hints
+
+    from heddle.rollout import OutputRecord, TrajectoryStatus
+
+    run = _run()
+    run.apply("w", StepReply([1], [5, 6], "x", "stop", 1, 0, [-0.1, -0.2], 0.0, 0.0), True)
+    run.status = TrajectoryStatus.DONE
+    record = run.record(policy="heddle", want_logprobs=True, weight_version="7")
+    fields = set(get_type_hints(OutputRecord))
+    assert set(record) == fields - {"episode"}  # episode: external environments only
+    assert set(record) - {"response_logprobs"} == set(OutputRecord.__required_keys__)
+    assert json.loads(json.dumps(record))["status"] == "done"
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "rollouts.md").read_text()
+    output = docs[docs.index("## Output: one JSON line") : docs.index("## Export to a trainer")]
+    missing = sorted(f for f in fields if f'"{f}"' not in output and f"`{f}`" not in output)
+    assert missing == [], f"docs/rollouts.md's Output section does not name {missing}"

@@ -1,0 +1,175 @@
+"""The ``heddle worker`` command line, defined once.
+
+``heddle worker`` parses it (:func:`add_worker_arguments`), and everything that
+starts a worker builds it from :class:`WorkerArgs`: the operator's worker pods,
+``heddle run``'s local pool and the test kubelet. A flag renamed here is renamed
+for all of them, and a test parses every command built back into the same
+arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "DEFAULT_WORKER_ARGS",
+    "WorkerArgs",
+    "add_worker_arguments",
+    "parse_worker_argv",
+]
+
+Engine = Literal["sim", "vllm"]
+
+
+@dataclass(frozen=True)
+class WorkerArgs:
+    """Everything ``heddle worker`` takes; the defaults are the command's defaults."""
+
+    engine: Engine = "sim"
+    model: str | None = None  # vllm: model name or path
+    tp: int = 1  # tensor-parallel degree
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_model_len: int = 65_536
+    grace_s: float = 30.0  # seconds in-flight steps get to finish after SIGTERM
+    cluster: str = "64xh100"  # sim: hardware and model whose performance model to run
+    time_scale: float = 1.0  # sim: wall seconds per simulated second (0: as fast as possible)
+    seed: int = 0
+    scripted_replies: bool = False  # sim: answer turn k with the k-th <reply> block (tests)
+    block_size: int | None = None  # vllm: KV block size
+    max_num_seqs: int = 100  # vllm: batch cap
+    gpu_memory_utilization: float = 0.9  # vllm: share of GPU memory
+    vllm_args: tuple[str, ...] = field(default=())  # vllm: NAME=VALUE engine arguments
+    kv_cache_gib: int = 1  # vllm CPU build: VLLM_CPU_KVCACHE_SPACE
+    max_body_mib: float | None = None  # None: the worker's own MAX_BODY_BYTES
+    token_file: str | None = None  # wins over $HEDDLE_WORKER_TOKEN
+
+    def argv(self) -> list[str]:
+        """``worker`` and every flag that is set, in a stable order (explicit in a pod spec)."""
+        out = ["worker"]
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None or value is False or value == ():
+                continue
+            flag = _FLAGS[f.name]
+            if isinstance(value, bool):
+                out.append(flag)
+            elif isinstance(value, tuple):
+                out += [f"{flag}={v}" for v in value]
+            else:
+                out += [flag, str(value)]
+        return out
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> WorkerArgs:
+        values: dict[str, Any] = {name: getattr(ns, _dest(flag)) for name, flag in _FLAGS.items()}
+        values["vllm_args"] = tuple(values["vllm_args"])
+        return cls(**values)
+
+
+DEFAULT_WORKER_ARGS = WorkerArgs()
+
+# Field -> flag. argparse's dest is the flag without dashes (``_dest``).
+_FLAGS = {
+    "engine": "--engine",
+    "model": "--model",
+    "tp": "--tp",
+    "host": "--host",
+    "port": "--port",
+    "max_model_len": "--max-model-len",
+    "grace_s": "--grace",
+    "cluster": "--cluster",
+    "time_scale": "--time-scale",
+    "seed": "--seed",
+    "scripted_replies": "--scripted-replies",
+    "block_size": "--block-size",
+    "max_num_seqs": "--max-num-seqs",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "vllm_args": "--vllm-arg",
+    "kv_cache_gib": "--kv-cache-gib",
+    "max_body_mib": "--max-body-mib",
+    "token_file": "--token-file",
+}
+
+
+def _dest(flag: str) -> str:
+    return flag.removeprefix("--").replace("-", "_")
+
+
+def add_worker_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``heddle worker`` (docs/cli.md), with :class:`WorkerArgs`' defaults."""
+    d = DEFAULT_WORKER_ARGS
+    p.add_argument("--engine", choices=("sim", "vllm"), default=d.engine)
+    p.add_argument("--model", default=d.model, help="model name or path (vllm)")
+    p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel degree")
+    p.add_argument("--host", default=d.host)
+    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=d.grace_s,
+        help="seconds in-flight steps get to finish after SIGTERM",
+    )
+    p.add_argument(
+        "--cluster",
+        default=d.cluster,
+        help="sim: hardware and model whose performance model to run",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=d.time_scale,
+        help="sim: wall seconds per simulated second (0: as fast as possible)",
+    )
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument(
+        "--scripted-replies",
+        action="store_true",
+        help="sim: answer turn k with the k-th <reply>...</reply> block of the context (tests)",
+    )
+    p.add_argument("--block-size", type=int, default=d.block_size, help="vllm: KV block size")
+    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="vllm: batch cap")
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=d.gpu_memory_utilization,
+        help="vllm: share of GPU memory",
+    )
+    p.add_argument(
+        "--vllm-arg",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="vllm: one more engine argument (repeatable), e.g. enable_chunked_prefill=true",
+    )
+    p.add_argument(
+        "--kv-cache-gib",
+        type=int,
+        default=d.kv_cache_gib,
+        help="vllm CPU build: KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE)",
+    )
+    p.add_argument(
+        "--max-body-mib",
+        type=float,
+        default=d.max_body_mib,  # the worker's own default (heddle.worker MAX_BODY_BYTES)
+        help="largest request body in MiB; larger ones get 413 (docs/worker-api.md)",
+    )
+    p.add_argument(
+        "--token-file",
+        default=d.token_file,
+        metavar="PATH",
+        help="a file holding the token every call but /healthz, /readyz and /metrics must "
+        "carry (Authorization: Bearer); wins over $HEDDLE_WORKER_TOKEN (docs/worker-api.md)",
+    )
+
+
+def parse_worker_argv(argv: Sequence[str]) -> WorkerArgs:
+    """``argv`` as ``heddle worker`` reads it (without the leading ``worker``)."""
+    p = argparse.ArgumentParser(prog="heddle worker")
+    add_worker_arguments(p)
+    return WorkerArgs.from_namespace(p.parse_args(list(argv)))
