@@ -15,11 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from heddle.api._manifests import load_manifests
+from heddle.api import load_manifests
 from heddle.exceptions import ConfigError
-from heddle.rollout._local import worker_options
-from heddle.rollout._run import LocalJob, prepare_manifests
-from heddle.rollout._tail import RecordTail
+from heddle.rollout import LocalJob, RecordTail, prepare_manifests, worker_options
 
 from ._runs import ClusterAccess, ClusterRun, InProcessRun, RolloutProgress, Run, SubprocessRun
 

@@ -19,9 +19,7 @@ from typing import Any, Protocol
 
 from heddle.exceptions import OutputError, RolloutFailedError
 from heddle.operator._kube import ROLLOUTJOBS, KubeClient
-from heddle.rollout._local import LocalWorkerOptions
-from heddle.rollout._progress import Progress
-from heddle.rollout._run import LocalJob, run_local
+from heddle.rollout import LocalJob, LocalWorkerOptions, Progress, run_local
 
 __all__ = ["ClusterAccess", "ClusterRun", "InProcessRun", "RolloutProgress", "Run", "SubprocessRun"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from heddle.rollout._export import TRAINERS, collate_skyrl, collate_verl, export_rows
+from heddle.rollout import TRAINERS, collate_skyrl, collate_verl, export_rows
 
 __all__ = ["TRAINERS", "collate_skyrl", "collate_verl", "read_rollouts"]
 

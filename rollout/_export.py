@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from heddle.api._yaml import read_text
+from heddle.api import read_text
 from heddle.exceptions import OutputError
 
 __all__ = [

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from heddle.api._manifests import ExternalSpec
+from heddle.api import ExternalSpec
 
 from ._environments import Environment, Episode, Outcome, ParsedCalls
 from ._gateway_messages import (

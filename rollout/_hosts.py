@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from heddle.api._manifests import RolloutJobSpec
+from heddle.api import RolloutJobSpec
 from heddle.exceptions import ConfigError, ManifestError
 
 __all__ = ["ALLOWED_HOSTS_ENV", "HostAllowList", "check_tool_hosts"]

@@ -26,9 +26,14 @@ from typing import IO, TYPE_CHECKING
 import httpx
 
 from heddle.exceptions import ConfigError, HeddleError
-from heddle.worker import THREADS_BIND, TOKEN_ENV, vllm_cpu_env
-from heddle.worker._client import WorkerEndpoint
-from heddle.worker._command import DEFAULT_WORKER_ARGS, WorkerArgs
+from heddle.worker import (
+    DEFAULT_WORKER_ARGS,
+    THREADS_BIND,
+    TOKEN_ENV,
+    WorkerArgs,
+    WorkerEndpoint,
+    vllm_cpu_env,
+)
 
 if TYPE_CHECKING:
     from ._run import LocalJob

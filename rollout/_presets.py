@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from heddle.api._yaml import read_text, safe_load_all
+from heddle.api import read_text, safe_load_all
 from heddle.exceptions import ConfigError, WorkloadError
 from heddle.scheduler import (
     BenchWorkload,

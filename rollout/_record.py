@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from heddle.scheduler import Trajectory, TrajectoryState
-from heddle.worker._client import StepReply
+from heddle.worker import StepReply
 
 from ._environments import Episode
 from ._output_record import OutputRecord, TrajectoryStatus

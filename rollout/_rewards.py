@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from heddle.api._reward_spec import RewardSpec
+from heddle.api import RewardSpec
 from heddle.exceptions import ToolError
 
 from ._tools import MAX_REPLY_BYTES, read_capped, transport_cause

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from heddle.api._manifests import EnginePoolSpec, RolloutJobSpec, check_trajectories, load_manifests
+from heddle.api import EnginePoolSpec, RolloutJobSpec, check_trajectories, load_manifests
 from heddle.exceptions import ManifestError, OutputError
 from heddle.scheduler import (
     HARDWARE_PRESETS,

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from heddle.api._manifests import SamplingSpec, WeightsSpec
+from heddle.api import SamplingSpec, WeightsSpec
 from heddle.exceptions import (
     HeddleError,
     StepFailedError,
@@ -47,8 +47,7 @@ from heddle.scheduler import (
     make_placement,
     make_predictor,
 )
-from heddle.worker._client import StepReply, WorkerClient, WorkerEndpoint
-from heddle.worker._http import HttpPool
+from heddle.worker import HttpPool, StepReply, WorkerClient, WorkerEndpoint
 
 from ._admission import AdmissionWindow
 from ._environments import Environment, Outcome, ParsedCalls

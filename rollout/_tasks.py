@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from heddle.api._yaml import read_text
+from heddle.api import read_text
 from heddle.exceptions import ManifestError, TaskError
 from heddle.worker import tool_schema_error
 

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 import httpx
 
-from heddle.api._manifests import ToolEndpointSpec, ToolsSpec
+from heddle.api import ToolEndpointSpec, ToolsSpec
 from heddle.exceptions import ToolError
 
 from ._environments import Environment, Episode, Outcome, ParsedCalls

@@ -15,9 +15,9 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable
 
-from heddle.api._manifests import WeightsSpec
+from heddle.api import WeightsSpec
 from heddle.exceptions import CheckpointError, WorkerRejectedError, WorkerUnavailableError
-from heddle.worker._client import WorkerClient
+from heddle.worker import WorkerClient
 
 __all__ = ["WeightsKeeper"]
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from heddle.rollout._local import LocalPool, LocalWorkerOptions
-from heddle.worker._client import WorkerEndpoint
+from heddle.rollout import LocalPool, LocalWorkerOptions
+from heddle.worker import WorkerEndpoint
 
 
 @dataclass

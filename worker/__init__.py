@@ -14,6 +14,7 @@ from ._app import WorkerState, create_app
 from ._auth import OPEN_PATHS, TOKEN_ENV, read_token
 from ._body_limit import MAX_BODY_BYTES
 from ._chat import TOOL_PARSERS, tool_schema_error
+from ._client import StepReply, WorkerClient, WorkerEndpoint
 from ._command import DEFAULT_WORKER_ARGS, WorkerArgs, add_worker_arguments, parse_worker_argv
 from ._engine import Engine, EngineError, EngineStats, ParsedTurn, Sampling, StepOutput
 from ._environment import (
@@ -22,6 +23,7 @@ from ._environment import (
     probe_vllm_import,
     vllm_environment_checks,
 )
+from ._http import HttpError, HttpPool, HttpTimeoutError
 from ._schemas import (
     FIELD_RANGES,
     ChatMessage,
@@ -63,6 +65,9 @@ __all__ = [
     "FunctionCall",
     "GenerateRequest",
     "GenerateResponse",
+    "HttpError",
+    "HttpPool",
+    "HttpTimeoutError",
     "ImportRequest",
     "ImportResponse",
     "LoadedWeights",
@@ -72,6 +77,7 @@ __all__ = [
     "SimulatedEngine",
     "StateResponse",
     "StepOutput",
+    "StepReply",
     "Timings",
     "ToolCall",
     "VLLMConfig",
@@ -79,6 +85,8 @@ __all__ = [
     "WeightsRequest",
     "WeightsResponse",
     "WorkerArgs",
+    "WorkerClient",
+    "WorkerEndpoint",
     "WorkerState",
     "add_worker_arguments",
     "check_vllm_environment",

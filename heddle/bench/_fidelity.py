@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from heddle.exceptions import ConfigError
-from heddle.rollout._environments import SyntheticEnvironment
-from heddle.rollout._local import LocalWorkerOptions
+from heddle.rollout import LocalWorkerOptions, SyntheticEnvironment
 from heddle.scheduler import (
     ClusterSpec,
     EngineProfile,
@@ -302,8 +301,10 @@ def format_fidelity(result: Mapping[str, Any]) -> str:
 
 def run_fidelity(args: Any, out: Path) -> dict[str, Any]:
     """``heddle bench profile|fidelity`` (the CLI's arguments)."""
-    from heddle.rollout._local import local_model_dir  # noqa: PLC0415
-    from heddle.rollout._presets import load_workload  # noqa: PLC0415
+    from heddle.rollout import (  # noqa: PLC0415
+        load_workload,
+        local_model_dir,
+    )
 
     from ._profile import bench_profile  # noqa: PLC0415
 

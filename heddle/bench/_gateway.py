@@ -29,16 +29,18 @@ from typing import Any
 
 import httpx
 
-from heddle.api._manifests import ExternalSpec, SamplingSpec
-from heddle.rollout._external import ExternalEnvironment
-from heddle.rollout._gateway import Gateway
-from heddle.rollout._local import LocalPool, LocalWorkerOptions
-from heddle.rollout._output import OutputSink
-from heddle.rollout._session import RolloutSession
-from heddle.rollout._tasks import Task
+from heddle.api import ExternalSpec, SamplingSpec
+from heddle.rollout import (
+    ExternalEnvironment,
+    Gateway,
+    LocalPool,
+    LocalWorkerOptions,
+    OutputSink,
+    RolloutSession,
+    Task,
+)
 from heddle.scheduler import HARDWARE_PRESETS, MODEL_PRESETS, PerfModel
-from heddle.worker._client import WorkerClient, WorkerEndpoint
-from heddle.worker._http import HttpPool
+from heddle.worker import HttpPool, WorkerClient, WorkerEndpoint
 
 __all__ = ["CALLS_PER_EPISODE", "bench_gateway"]
 

@@ -16,11 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from heddle.rollout._environments import SyntheticEnvironment, synthetic_tasks
-from heddle.rollout._presets import load_workload
-from heddle.rollout._record import TrajectoryRun
+from heddle.rollout import SyntheticEnvironment, TrajectoryRun, load_workload, synthetic_tasks
 from heddle.scheduler import Trajectory
-from heddle.worker._client import StepReply
+from heddle.worker import StepReply
 
 __all__ = ["bench_memory"]
 

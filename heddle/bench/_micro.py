@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from heddle.rollout._presets import load_cluster, load_workload
+from heddle.rollout import load_cluster, load_workload
 from heddle.scheduler import (
     AnnealingShapePlanner,
     PoolShape,

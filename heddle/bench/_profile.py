@@ -35,9 +35,9 @@ from typing import Any
 import httpx
 
 from heddle.exceptions import ConfigError
-from heddle.rollout._local import LocalPool, LocalWorkerOptions
+from heddle.rollout import LocalPool, LocalWorkerOptions
 from heddle.scheduler import PROFILE_FORMAT, fit_decode, fit_prefill
-from heddle.worker._client import WorkerEndpoint
+from heddle.worker import WorkerEndpoint
 
 __all__ = ["DEFAULT_BATCHES", "DEFAULT_CONTEXTS", "bench_profile", "model_spec_of"]
 

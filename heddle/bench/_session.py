@@ -23,16 +23,22 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from heddle.api._manifests import SamplingSpec
-from heddle.rollout._environments import SyntheticEnvironment, synthetic_tasks
-from heddle.rollout._local import LocalPool, LocalWorkerOptions
-from heddle.rollout._output import OutputSink
-from heddle.rollout._progress import SessionMetrics
-from heddle.rollout._run import perf_model_for
-from heddle.rollout._session import RolloutSession, SessionConfig, SessionResult
-from heddle.rollout._tasks import Task
+from heddle.api import SamplingSpec
+from heddle.rollout import (
+    LocalPool,
+    LocalWorkerOptions,
+    OutputSink,
+    RolloutSession,
+    SessionConfig,
+    SessionMetrics,
+    SessionResult,
+    SyntheticEnvironment,
+    Task,
+    perf_model_for,
+    synthetic_tasks,
+)
 from heddle.scheduler import PerfModel, WorkloadSpec
-from heddle.worker._client import WorkerEndpoint
+from heddle.worker import WorkerEndpoint
 
 __all__ = ["bench_control_loop", "bench_engines", "plot_engines", "run_session_bench"]
 
@@ -299,8 +305,10 @@ def bench_control_loop(
 
 def run_session_bench(args: Any, out: Path) -> dict[str, Any]:
     """``heddle bench engines|control-loop`` (the CLI's arguments)."""
-    from heddle.rollout._local import local_model_dir  # noqa: PLC0415
-    from heddle.rollout._presets import load_workload  # noqa: PLC0415
+    from heddle.rollout import (  # noqa: PLC0415
+        load_workload,
+        local_model_dir,
+    )
 
     workload = load_workload(args.workload or "quickstart")
     out.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from heddle.exceptions import ConfigError
-from heddle.rollout._presets import load_bench_workload, load_cluster
+from heddle.rollout import load_bench_workload, load_cluster
 from heddle.scheduler import (
     BASELINES,
     POLICIES,

@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from heddle.exceptions import HeddleError
-from heddle.rollout._local import LocalPool, LocalWorkerOptions
-from heddle.worker._client import WorkerClient, WorkerEndpoint
-from heddle.worker._http import HttpPool
+from heddle.rollout import LocalPool, LocalWorkerOptions
+from heddle.worker import HttpPool, WorkerClient, WorkerEndpoint
 
 __all__ = ["bench_weights"]
 

@@ -13,7 +13,7 @@ _TRAINERS = ("verl", "slime", "skyrl", "openrlhf")  # the keys of _export.TRAINE
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from heddle.rollout._export import write_export  # noqa: PLC0415 - numpy only when exporting
+    from heddle.rollout import write_export  # noqa: PLC0415 - numpy only when exporting
 
     count = write_export(args.input, args.output, args.to, keep_failed=args.keep_failed)
     print(f"heddle export: wrote {count} {args.to} rows to {args.output}", file=sys.stderr)

@@ -15,7 +15,7 @@ from typing import Any
 
 from heddle import __version__
 from heddle.exceptions import HeddleError
-from heddle.worker._command import add_worker_arguments
+from heddle.worker import add_worker_arguments
 
 from ._export import add_export_parser
 from ._run import add_operator_parser, add_run_parser
@@ -126,7 +126,7 @@ def _cmd_rollout(args: argparse.Namespace, out: Path) -> int:
 
 def _caps(text: str | None) -> tuple[int | None, ...]:
     """``none,64``: the in-flight caps per engine the baselines are tried with."""
-    from heddle.bench._sim import DEFAULT_CAPS
+    from heddle.bench import DEFAULT_CAPS
     from heddle.exceptions import ConfigError
 
     if text is None:
@@ -163,11 +163,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.target == "rollout":
         return _cmd_rollout(args, out)
     if args.target in ("engines", "control-loop"):
-        from heddle.bench._session import run_session_bench
+        from heddle.bench import run_session_bench
 
         result = run_session_bench(args, out)
     elif args.target in ("profile", "fidelity"):
-        from heddle.bench._fidelity import run_fidelity
+        from heddle.bench import run_fidelity
 
         result = run_fidelity(args, out)
     elif args.target == "placement":
@@ -192,7 +192,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         )
         _print_shape(result)
     elif args.target == "worker":
-        from heddle.bench._worker import bench_worker
+        from heddle.bench import bench_worker
         from heddle.exceptions import ConfigError
 
         if not args.model:
@@ -208,7 +208,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"  worker API     {result['median_api_tokens_per_s']:9.1f} tokens/s (median)")
         print(f"  overhead       {100 * result['overhead']:8.1f} %")
     elif args.target == "weights":
-        from heddle.bench._weights import bench_weights
+        from heddle.bench import bench_weights
 
         result = bench_weights(model=args.model, rounds=max(1, min(args.repeats, 9)))
         print(f"weights swap in place vs worker restart ({result['model']}):")
@@ -217,7 +217,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"  swap     {result['median_swap_s']:8.3f} s (median of {result['rounds']})")
         print(f"  swap is {result['speedup']:.0f}x faster")
     elif args.target == "memory":
-        from heddle.bench._memory import bench_memory
+        from heddle.bench import bench_memory
 
         result = bench_memory(trajectories=args.trajectories or 64, seed=args.seed)
         print("session memory per trajectory (token ids, mask, logprobs, conversation):")
@@ -228,7 +228,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"  the paper's job (8,192 x 10K tokens in flight): "
               f"{result['paper_job_in_flight_gib']:.2f} GiB")  # fmt: skip
     elif args.target == "gateway":
-        from heddle.bench._gateway import bench_gateway
+        from heddle.bench import bench_gateway
 
         result = bench_gateway(calls=args.calls, concurrency=args.concurrency,
                                rounds=max(1, min(args.repeats, 9)))  # fmt: skip
@@ -254,7 +254,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     import logging
 
     from heddle.exceptions import ConfigError
-    from heddle.rollout._presets import load_cluster
+    from heddle.rollout import load_cluster
     from heddle.worker import SimulatedEngine, read_token, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

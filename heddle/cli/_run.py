@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from heddle.rollout._paths import DATA_ROOT
+from heddle.rollout import DATA_ROOT
 
 if TYPE_CHECKING:
     pass
@@ -25,7 +25,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from heddle.rollout._run import GatewayOptions, ProgressPrinter, prepare_job, run_local  # noqa: PLC0415
+    from heddle.rollout import GatewayOptions, ProgressPrinter, prepare_job, run_local  # noqa: PLC0415
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     local = prepare_job(Path(args.job), Path(args.pool) if args.pool else None, args.job_name)
@@ -36,7 +36,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         local.job = dataclasses.replace(local.job, policy=args.policy)
     if args.output:
         local.output = Path(args.output)
-    from heddle.rollout._local import worker_options  # noqa: PLC0415
+    from heddle.rollout import worker_options  # noqa: PLC0415
 
     options = worker_options(
         local,
@@ -52,7 +52,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         from prometheus_client import start_http_server  # noqa: PLC0415
 
-        from heddle.rollout._progress import SessionMetrics  # noqa: PLC0415
+        from heddle.rollout import SessionMetrics  # noqa: PLC0415
 
         metrics = SessionMetrics()
         start_http_server(args.metrics_port, registry=metrics.registry)
@@ -174,8 +174,8 @@ def add_run_parser(sub: Any) -> None:
 
 
 def _cmd_operator(args: argparse.Namespace) -> int:
-    from heddle.operator._operator import OperatorConfig, run_operator  # noqa: PLC0415
-    from heddle.rollout._hosts import HostAllowList  # noqa: PLC0415
+    from heddle.operator import OperatorConfig, run_operator  # noqa: PLC0415
+    from heddle.rollout import HostAllowList  # noqa: PLC0415
 
     level = os.environ.get("HEDDLE_LOG_LEVEL", "INFO").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -15,17 +15,17 @@ from typing import Any, cast
 
 import kopf
 
-from heddle.api._manifests import EnginePoolSpec
-from heddle.api._names import (
+from heddle.api import (
     ANNOTATION_DRAINING,
     ANNOTATION_SPEC_HASH,
     LABEL_POOL,
     LABEL_TP,
+    EnginePoolSpec,
     InstancePhase,
+    apply_pod_template,
 )
-from heddle.api._pod_template import apply_pod_template
 from heddle.scheduler import PoolShape
-from heddle.worker._command import WorkerArgs
+from heddle.worker import WorkerArgs
 
 from ._tokens import token_env
 

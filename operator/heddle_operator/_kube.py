@@ -44,7 +44,7 @@ import kubernetes.config
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from heddle.api._names import ENGINEPOOL_PLURAL, GROUP, ROLLOUTJOB_PLURAL, VERSION
+from heddle.api import ENGINEPOOL_PLURAL, GROUP, ROLLOUTJOB_PLURAL, VERSION
 from heddle.exceptions import ConfigError, HeddleError
 
 __all__ = ["ApiError", "KubeClient", "Resource", "RetryPolicy", "load_configuration"]

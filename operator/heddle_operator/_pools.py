@@ -20,11 +20,11 @@ from typing import Any, cast
 
 import kopf
 
-from heddle.api._manifests import EnginePoolSpec
-from heddle.api._names import (
+from heddle.api import (
     ANNOTATION_DRAINING,
     ANNOTATION_DRAINING_SINCE,
     ANNOTATION_SPEC_HASH,
+    EnginePoolSpec,
     InstancePhase,
 )
 from heddle.exceptions import ManifestError

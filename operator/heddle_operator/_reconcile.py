@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from heddle.api._names import InstancePhase
+from heddle.api import InstancePhase
 from heddle.scheduler import PoolShape
 
 from ._builders import instance_name

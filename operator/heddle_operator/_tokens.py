@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from heddle.api._names import API_VERSION, LABEL_POOL
+from heddle.api import API_VERSION, LABEL_POOL
 from heddle.worker import TOKEN_ENV
 
 from ._kube import SECRETS, ApiError, KubeClient

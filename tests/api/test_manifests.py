@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from heddle.api._manifests import (
+from heddle.api import (
     MAX_SAMPLES_PER_TASK,
     MAX_TRAJECTORIES,
     EnginePoolSpec,

@@ -12,12 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from heddle.bench._fidelity import (
-    outside_engine_per_step,
-    pairs_agree,
-    tokenized_scripts,
-)
-from heddle.rollout._presets import load_workload
+from heddle.bench import outside_engine_per_step, pairs_agree, tokenized_scripts
+from heddle.rollout import load_workload
 from heddle.scheduler import generate
 
 pytestmark = pytest.mark.slow  # real worker processes, about 30 s

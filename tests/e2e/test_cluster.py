@@ -110,7 +110,7 @@ async def test_pool_ready_and_job_succeeds(kube: KubeClient) -> None:
 
 
 async def test_invalid_job_is_rejected_by_the_api_server(kube: KubeClient) -> None:
-    from heddle.operator._kube import ApiError
+    from heddle.operator import ApiError
 
     bad = {
         "apiVersion": "heddle.dev/v1alpha1",

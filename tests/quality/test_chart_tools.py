@@ -25,9 +25,9 @@ import jsonschema
 import pytest
 import yaml
 
-from heddle.api._manifests import EnginePoolSpec, RolloutJobSpec
-from heddle.operator._builders import WORKER_PORT, headless_service, instance_name, worker_pod
-from heddle.rollout._hosts import ALLOWED_HOSTS_ENV, HostAllowList
+from heddle.api import EnginePoolSpec, RolloutJobSpec
+from heddle.operator import WORKER_PORT, headless_service, instance_name, worker_pod
+from heddle.rollout import ALLOWED_HOSTS_ENV, HostAllowList
 
 from ._tree import ROOT
 

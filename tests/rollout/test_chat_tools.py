@@ -11,11 +11,9 @@ import jsonschema
 import pytest
 import yaml
 
-from heddle.api._manifests import RolloutJobSpec, ToolEndpointSpec, ToolsSpec
+from heddle.api import RolloutJobSpec, ToolEndpointSpec, ToolsSpec
 from heddle.exceptions import ManifestError, TaskError
-from heddle.rollout._environments import ParsedCalls
-from heddle.rollout._tasks import Task, parse_task
-from heddle.rollout._tools import ToolsEnvironment
+from heddle.rollout import ParsedCalls, Task, ToolsEnvironment, parse_task
 from heddle.worker import TOOL_PARSERS
 
 from .._rollout_fixtures import ToolServer

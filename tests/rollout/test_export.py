@@ -14,20 +14,22 @@ from typing import Any
 import numpy as np
 import pytest
 
-from heddle.api._manifests import SamplingSpec, ToolsSpec
-from heddle.api._reward_spec import RewardSpec
+from heddle.api import RewardSpec, SamplingSpec, ToolsSpec
 from heddle.cli._export import _TRAINERS
 from heddle.cli._main import main
 from heddle.exceptions import OutputError
 from heddle.export import TRAINERS, collate_skyrl, collate_verl, read_rollouts
-from heddle.rollout._local import LocalPool
-from heddle.rollout._output import OutputSink
-from heddle.rollout._rewards import ScriptedReward
-from heddle.rollout._session import RolloutSession, SessionConfig
-from heddle.rollout._tasks import read_tasks
-from heddle.rollout._tools import ToolsEnvironment
+from heddle.rollout import (
+    LocalPool,
+    OutputSink,
+    RolloutSession,
+    ScriptedReward,
+    SessionConfig,
+    ToolsEnvironment,
+    read_tasks,
+)
 from heddle.scheduler import HARDWARE_PRESETS, MODEL_PRESETS, PerfModel
-from heddle.worker._client import WorkerEndpoint
+from heddle.worker import WorkerEndpoint
 
 INTS = "list[int]"
 FLOATS = "list[float]"

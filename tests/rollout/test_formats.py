@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from heddle.exceptions import ManifestError
-from heddle.rollout._tasks import read_tasks
+from heddle.rollout import read_tasks
 
 CHAT = [{"role": "user", "content": "What is 2+2?"}]
 

@@ -20,15 +20,19 @@ import httpx
 import openai
 import pytest
 
-from heddle.api._manifests import ExternalSpec, SamplingSpec
-from heddle.rollout._external import ExternalEnvironment
-from heddle.rollout._gateway import Gateway
-from heddle.rollout._local import LocalPool
-from heddle.rollout._output import OutputSink
-from heddle.rollout._session import RolloutSession, SessionConfig, SessionResult
-from heddle.rollout._tasks import Task
+from heddle.api import ExternalSpec, SamplingSpec
+from heddle.rollout import (
+    ExternalEnvironment,
+    Gateway,
+    LocalPool,
+    OutputSink,
+    RolloutSession,
+    SessionConfig,
+    SessionResult,
+    Task,
+)
 from heddle.scheduler import HARDWARE_PRESETS, MODEL_PRESETS, PerfModel
-from heddle.worker._client import WorkerEndpoint
+from heddle.worker import WorkerEndpoint
 
 from .._rollout_fixtures import assert_exactly_once, read_records
 

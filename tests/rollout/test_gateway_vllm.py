@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from heddle.api._manifests import SamplingSpec
-from heddle.rollout._local import LocalPool
-from heddle.worker._client import WorkerEndpoint
+from heddle.api import SamplingSpec
+from heddle.rollout import LocalPool
+from heddle.worker import WorkerEndpoint
 
 from .._rollout_fixtures import assert_exactly_once, read_records, start_pool
 from .._vllm import require_vllm

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from heddle.exceptions import OutputError
-from heddle.rollout._output import OutputSink, lock_path, record_key
+from heddle.rollout import OutputSink, lock_path, record_key
 
 
 def _record(task: str, sample: int) -> dict[str, object]:
@@ -105,7 +105,7 @@ def test_text_with_unicode_line_breaks_stays_on_one_line(tmp_path: Path) -> None
 _FILL_DISK = """
 import resource, signal, sys
 from pathlib import Path
-from heddle.rollout._output import OutputSink
+from heddle.rollout import OutputSink
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))
 sink = OutputSink(Path(sys.argv[1]))

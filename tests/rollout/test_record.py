@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import math
 
-from heddle.rollout._environments import SyntheticEnvironment, synthetic_tasks
-from heddle.rollout._presets import load_workload
-from heddle.rollout._record import TrajectoryRun
+from heddle.rollout import SyntheticEnvironment, TrajectoryRun, load_workload, synthetic_tasks
 from heddle.scheduler import Trajectory
-from heddle.worker._client import StepReply
+from heddle.worker import StepReply
 
 
 def _run() -> TrajectoryRun:

@@ -14,19 +14,24 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from heddle.api._manifests import RolloutJobSpec, SamplingSpec, ToolsSpec
-from heddle.api._reward_spec import RewardSpec
+from heddle.api import RewardSpec, RolloutJobSpec, SamplingSpec, ToolsSpec
 from heddle.exceptions import ManifestError
-from heddle.rollout._hosts import HostAllowList, check_tool_hosts
-from heddle.rollout._local import LocalPool
-from heddle.rollout._output import OutputSink
-from heddle.rollout._progress import SessionMetrics
-from heddle.rollout._rewards import HttpReward, RewardResult, ScriptedReward
-from heddle.rollout._session import RolloutSession, SessionConfig
-from heddle.rollout._tasks import Task
-from heddle.rollout._tools import ToolsEnvironment
+from heddle.rollout import (
+    HostAllowList,
+    HttpReward,
+    LocalPool,
+    OutputSink,
+    RewardResult,
+    RolloutSession,
+    ScriptedReward,
+    SessionConfig,
+    SessionMetrics,
+    Task,
+    ToolsEnvironment,
+    check_tool_hosts,
+)
 from heddle.scheduler import HARDWARE_PRESETS, MODEL_PRESETS, PerfModel
-from heddle.worker._client import WorkerEndpoint
+from heddle.worker import WorkerEndpoint
 
 from .._rollout_fixtures import assert_exactly_once, read_records
 

@@ -16,12 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from heddle.api._manifests import SamplingSpec, ToolEndpointSpec, ToolsSpec
-from heddle.rollout._local import LocalPool
-from heddle.rollout._session import RolloutSession, SessionResult
-from heddle.rollout._tasks import Task
-from heddle.rollout._tools import ToolsEnvironment
-from heddle.worker._client import WorkerEndpoint
+from heddle.api import SamplingSpec, ToolEndpointSpec, ToolsSpec
+from heddle.rollout import LocalPool, RolloutSession, SessionResult, Task, ToolsEnvironment
+from heddle.worker import WorkerEndpoint
 
 from .._rollout_fixtures import (
     ToolServer,

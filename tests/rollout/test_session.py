@@ -11,23 +11,25 @@ from typing import Any
 import httpx
 import pytest
 
-from heddle.api._manifests import SamplingSpec, ToolEndpointSpec, ToolsSpec
+from heddle.api import SamplingSpec, ToolEndpointSpec, ToolsSpec
 from heddle.exceptions import HeddleError
-from heddle.rollout._environments import Environment, SyntheticEnvironment, synthetic_tasks
-from heddle.rollout._local import LocalPool
-from heddle.rollout._output import OutputSink
-from heddle.rollout._presets import load_workload
-from heddle.rollout._run import perf_model_for  # noqa: F401 - keeps the public helper imported
-from heddle.rollout._session import (
+from heddle.rollout import (
+    Environment,
+    LocalPool,
+    OutputSink,
     RolloutSession,
     SessionConfig,
     SessionResult,
+    SyntheticEnvironment,
+    Task,
+    ToolsEnvironment,
+    load_workload,
+    perf_model_for,  # noqa: F401 - keeps the public helper imported
     step_seed,
+    synthetic_tasks,
 )
-from heddle.rollout._tasks import Task
-from heddle.rollout._tools import ToolsEnvironment
 from heddle.scheduler import HARDWARE_PRESETS, MODEL_PRESETS, SAMPLING_LIMITS, PerfModel
-from heddle.worker._client import WorkerEndpoint
+from heddle.worker import WorkerEndpoint
 
 from .._rollout_fixtures import ToolServer, assert_consistent, assert_exactly_once, read_records
 

@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 from heddle.exceptions import OutputError
-from heddle.rollout._output import OutputSink, encode_record
-from heddle.rollout._tail import RecordTail
+from heddle.rollout import OutputSink, RecordTail, encode_record
 
 
 def _record(task: str, sample: int) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from heddle.exceptions import ManifestError
-from heddle.rollout._tasks import read_tasks
+from heddle.rollout import read_tasks
 
 
 def test_jsonl_tasks_with_malformed_lines(tmp_path: Path) -> None:

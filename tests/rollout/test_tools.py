@@ -8,9 +8,9 @@ import time
 import httpx
 import pytest
 
-from heddle.api._manifests import RolloutJobSpec, ToolEndpointSpec
+from heddle.api import RolloutJobSpec, ToolEndpointSpec
 from heddle.exceptions import ConfigError, ManifestError, ToolError
-from heddle.rollout._hosts import HostAllowList, check_tool_hosts
+from heddle.rollout import HostAllowList, check_tool_hosts
 from heddle.rollout._tools import (
     MAX_REPLY_BYTES,
     HermesParser,

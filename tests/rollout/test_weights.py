@@ -15,11 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from heddle.api._manifests import RolloutJobSpec, WeightsSpec
+from heddle.api import RolloutJobSpec, WeightsSpec
 from heddle.exceptions import CheckpointError, ManifestError
-from heddle.rollout._local import LocalPool
-from heddle.rollout._run import prepare_job
-from heddle.worker._client import WorkerEndpoint
+from heddle.rollout import LocalPool, prepare_job
+from heddle.worker import WorkerEndpoint
 
 from .._rollout_fixtures import read_records
 from ..api.test_manifests import JOB, _with

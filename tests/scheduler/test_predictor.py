@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from heddle.exceptions import ConfigError
-from heddle.rollout._presets import load_workload
+from heddle.rollout import load_workload
 from heddle.scheduler import (
     FinishedTrajectory,
     OraclePredictor,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from heddle.exceptions import ConfigError, WorkloadError
-from heddle.rollout._presets import load_cluster, load_workload
+from heddle.rollout import load_cluster, load_workload
 from heddle.scheduler import (
     ClusterSpec,
     EngineProfile,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from heddle.exceptions import WorkloadError
-from heddle.rollout._presets import WORKLOAD_PRESETS, load_cluster, load_workload
+from heddle.rollout import WORKLOAD_PRESETS, load_cluster, load_workload
 from heddle.scheduler import ClusterSpec, WorkloadSpec, generate
 
 

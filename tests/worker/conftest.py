@@ -9,7 +9,7 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from heddle.rollout._presets import load_cluster
+from heddle.rollout import load_cluster
 from heddle.scheduler import PerfModel
 from heddle.worker import Engine, SimulatedEngine, create_app
 

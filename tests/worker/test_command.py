@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from heddle.api import EnginePoolSpec
-from heddle.operator._builders import WORKER_PORT, worker_pod
-from heddle.rollout._local import LocalPool, LocalWorkerOptions
+from heddle.operator import WORKER_PORT, worker_pod
+from heddle.rollout import LocalPool, LocalWorkerOptions
 from heddle.worker import DEFAULT_WORKER_ARGS, WorkerArgs, parse_worker_argv
 
 _flag_values = st.text(alphabet="abcdefghij_=0123456789", min_size=1, max_size=12)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from heddle.api._manifests import EnginePoolSpec
+from heddle.api import EnginePoolSpec
 from heddle.exceptions import ConfigError, ManifestError
 from heddle.worker import VLLMConfig
 from heddle.worker._vllm_engine import engine_kwargs, parse_engine_arg

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from heddle.exceptions import EngineInputError
-from heddle.worker._chat import TOOL_PARSERS
+from heddle.worker import TOOL_PARSERS
 
 from .._vllm import require_vllm
 from .test_process import free_port

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from heddle.rollout._local import LocalPool, LocalWorkerOptions
+from heddle.rollout import LocalPool, LocalWorkerOptions
 from heddle.worker import THREADS_BIND, vllm_cpu_env
 
 pytestmark = pytest.mark.anyio

@@ -8,7 +8,7 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from heddle.rollout._presets import load_workload
+from heddle.rollout import load_workload
 from heddle.scheduler import (
     BASELINES,
     ClusterSpec,

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from heddle.exceptions import ConfigError
-from heddle.rollout._presets import load_cluster, load_workload
+from heddle.rollout import load_cluster, load_workload
 from heddle.scheduler import (
     POLICIES,
     ClusterSpec,
