@@ -148,7 +148,9 @@ class SimEngine:
         self.version = 0  # bumps whenever the pending wake-up is superseded
         self.pending_prefill_tokens = 0  # migrations warming this engine's cache
         self.draining = False
-        self.arriving = 0  # steps routed here still on their way (a profiled step overhead)
+        self._arriving = 0  # steps routed here still on their way (a profiled step overhead)
+        # Told whenever ``load`` changes (the simulator's live cluster view).
+        self.on_load_change: Callable[[SimEngine], None] | None = None
         self.busy_s = 0.0
         self.generated_tokens = 0
         self.preemptions = 0
@@ -160,7 +162,20 @@ class SimEngine:
 
     @property
     def load(self) -> int:
-        return len(self.running) + len(self.waiting) + self.arriving
+        return len(self.running) + len(self.waiting) + self._arriving
+
+    @property
+    def arriving(self) -> int:
+        return self._arriving
+
+    @arriving.setter
+    def arriving(self, value: int) -> None:
+        self._arriving = value
+        self._load_changed()
+
+    def _load_changed(self) -> None:
+        if self.on_load_change is not None:
+            self.on_load_change(self)
 
     def _free_kv(self, needed: int, keep: str | None = None) -> bool:
         """Make room for ``needed`` more tokens, evicting idle caches least recent first.
@@ -194,6 +209,7 @@ class SimEngine:
         self._credit(sim)
         del self.running[sim.id]
         self.running_context -= sim.traj.context_tokens
+        self._load_changed()
 
     def _live_end(self) -> tuple[int, int, str] | None:
         """The running request whose step ends first (drops entries of ones that left)."""
@@ -216,6 +232,7 @@ class SimEngine:
         sim.traj.state = TrajectoryState.QUEUED
         self.waiting[sim.id] = sim
         heapq.heappush(self._queue, (self.priority(sim.traj), sim.id))
+        self._load_changed()
 
     def can_start_now(self) -> bool:
         """Would an arrival join the batch at the next iteration boundary?"""

@@ -29,6 +29,7 @@ from .._workload import TrajectoryScript
 from ._entities import SimEngine, SimTrajectory
 from ._plan import SimulatedShapePlanner
 from ._results import SimResult, summarise
+from ._view import LiveClusterView
 
 __all__ = ["SimConfig", "Simulator"]
 
@@ -133,12 +134,19 @@ class Simulator:
             inst = self.perf.instance(f"tp{tp}-{next(counter)}", tp)
             self._check_fits(inst)
             self.engines[inst.name] = SimEngine(inst, self.perf, self.ordering.priority)
+        # Built once and kept current by the engines (no engine drains mid-run).
+        self._live_view = LiveClusterView([e for e in self.engines.values() if not e.draining])
+        for engine in self.engines.values():
+            engine.on_load_change = self._live_view.update
         self._events: list[tuple[float, int, int, str, int]] = []
         self._seq = itertools.count()
         self._moving: set[str] = set()  # engines sending or receiving a move
         self._move_of: dict[str, Move] = {}
         self._arriving: dict[str, str] = {}  # trajectory -> engine its step is on its way to
         self._finished = 0
+        # Unfinished trajectories in workload order: a re-plan reads them without a scan
+        # of every trajectory ever started.
+        self._unfinished: dict[str, SimTrajectory] = dict(self.sims)
         self._not_started: list[SimTrajectory] = []  # past the in-flight cap, reversed order
         self.migrations = 0
         self.replans = 0
@@ -206,8 +214,7 @@ class Simulator:
                 self._push(cut, _WAKE, engine.name, engine.version)
 
     def _view(self) -> ClusterView:
-        live = [e for e in self.engines.values() if not e.draining]
-        return ClusterView([e.instance for e in live], {e.name: e.load for e in live})
+        return self._live_view
 
     def _predict(self, sim: SimTrajectory) -> None:
         if self.predictor is not None:
@@ -244,6 +251,7 @@ class Simulator:
             traj.predicted_remaining_tokens = 0.0
             sim.finish_s = now
             self._finished += 1
+            del self._unfinished[sim.id]
             if self.predictor is not None:
                 self.predictor.finish(traj)
             if self._not_started:
@@ -269,7 +277,7 @@ class Simulator:
 
     def _replan(self, now: float) -> None:
         self.replans += 1
-        live = [s.traj for s in self.sims.values() if not s.traj.state.finished]
+        live = [s.traj for s in self._unfinished.values()]
         if not live:
             return
         view = self._view()
