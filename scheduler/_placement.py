@@ -334,7 +334,11 @@ class DPPlacement(StickyPlacement):
         return self._plan
 
     def replan(self, trajectories: Sequence[Trajectory], view: ClusterView) -> None:
-        self._plan = plan_placement(trajectories, view.instances)
+        self.adopt(plan_placement(trajectories, view.instances))
+
+    def adopt(self, plan: PlacementPlan) -> None:
+        """Make ``plan`` the current one (a simulator adopts a plan once its CPU time passed)."""
+        self._plan = plan
 
     def target(self, trajectory: Trajectory) -> str | None:
         return self._plan.assignment.get(trajectory.id)

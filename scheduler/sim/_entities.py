@@ -211,6 +211,12 @@ class SimEngine:
         self.running_context -= sim.traj.context_tokens
         self._load_changed()
 
+    def _fewest_left(self) -> int:
+        """Tokens left in the running step closest to its end (the batch is not empty)."""
+        first = self._live_end()
+        assert first is not None  # every running request has an entry
+        return first[0] - self.clock
+
     def _live_end(self) -> tuple[int, int, str] | None:
         """The running request whose step ends first (drops entries of ones that left)."""
         ends = self._ends
@@ -345,9 +351,7 @@ class SimEngine:
             return None
         batch = len(self.running)
         context = self.running_context
-        first = self._live_end()
-        assert first is not None  # every running request has an entry
-        iterations = first[0] - self.clock  # the fewest tokens any running step has left
+        iterations = self._fewest_left()
         room = self.instance.kv_capacity_tokens - context - self.cache.total
         if context + iterations * batch > self.instance.kv_capacity_tokens:
             iterations = max(1, room // batch) if room > 0 else 1

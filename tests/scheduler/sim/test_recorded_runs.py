@@ -164,7 +164,7 @@ def test_results_match_the_run_recorded_before_the_scale_work(key: str) -> None:
         tool_means_s=means,
         history=history_of(generate(spec, 6)),
         shape=shape,
-        config=SimConfig(max_trajectories_per_engine=cap),
+        config=SimConfig(max_trajectories_per_engine=cap, planner_cost=None),
     )
     r = sim.run()
     got = (
