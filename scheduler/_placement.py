@@ -64,6 +64,11 @@ class ClusterView:
     def has(self, name: str | None) -> bool:
         return name is not None and any(i.name == name for i in self.instances)
 
+    def load_range(self) -> tuple[int, int]:
+        """Smallest and largest load over the instances."""
+        loads = [self.load.get(name, 0) for name in self.names()]
+        return min(loads), max(loads)
+
 
 @dataclass(frozen=True)
 class PlacementPlan:
@@ -291,8 +296,8 @@ class ThresholdStickyPlacement(StickyPlacement):
         self.max_load_ratio = max_load_ratio
 
     def route(self, trajectory: Trajectory, view: ClusterView) -> str:
-        loads = [view.load.get(name, 0) for name in view.names()]
-        if max(loads) / max(min(loads), 1) > self.max_load_ratio:
+        lowest, highest = view.load_range()
+        if highest / max(lowest, 1) > self.max_load_ratio:
             return view.least_loaded()
         return super().route(trajectory, view)
 
@@ -329,7 +334,11 @@ class DPPlacement(StickyPlacement):
         return self._plan
 
     def replan(self, trajectories: Sequence[Trajectory], view: ClusterView) -> None:
-        self._plan = plan_placement(trajectories, view.instances)
+        self.adopt(plan_placement(trajectories, view.instances))
+
+    def adopt(self, plan: PlacementPlan) -> None:
+        """Make ``plan`` the current one (a simulator adopts a plan once its CPU time passed)."""
+        self._plan = plan
 
     def target(self, trajectory: Trajectory) -> str | None:
         return self._plan.assignment.get(trajectory.id)

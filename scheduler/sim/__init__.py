@@ -11,10 +11,11 @@ from ._bound import LowerBound, lower_bound
 from ._entities import SimEngine, SimTrajectory
 from ._plan import SimulatedShapePlanner, workload_sketch
 from ._results import SimResult
-from ._simulator import SimConfig, Simulator
+from ._simulator import PlannerCost, SimConfig, Simulator
 
 __all__ = [
     "LowerBound",
+    "PlannerCost",
     "SimConfig",
     "SimEngine",
     "SimResult",

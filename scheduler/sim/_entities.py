@@ -39,6 +39,10 @@ class SimTrajectory:
     engines: list[str] = field(default_factory=list)  # engine that began each step
     step_started: bool = False
     predicted_total_at_step: dict[int, float] = field(default_factory=dict)
+    # While it runs on an engine: that engine's iteration clock when its counters were
+    # last brought up to date, and the order it joined the batch in (see SimEngine).
+    credited_at: int = 0
+    run_seq: int = 0
 
     @property
     def id(self) -> str:
@@ -100,6 +104,15 @@ class _IdleCache:
 class SimEngine:
     """One engine instance: a priority queue, a running batch, and a prefix cache.
 
+    A segment's iterations are credited lazily: the engine counts the iterations
+    its batches have run (``clock``), and a running request's counters are brought
+    up to date only when it leaves the batch (its step finished, or it was
+    preempted). A heap keyed by the clock value at which each running request's
+    step ends finds the finished ones and the next segment's length without a
+    scan of the batch, so a segment end costs O(finished · log batch), not O(batch).
+    Nothing reads a running request's counters mid-segment (the predictor and the
+    planners see them between steps), so the results are those of eager crediting.
+
     It does what vLLM's v1 scheduler (0.32, ``scheduling_policy="priority"``)
     does and nothing more: waiting steps are admitted highest priority first
     while the batch has a free slot and the KV cache has room (idle prefix
@@ -121,6 +134,11 @@ class SimEngine:
         self.priority = priority
         self.running: dict[str, SimTrajectory] = {}
         self.running_context = 0  # tokens the running batch holds in KV
+        self.clock = 0  # iterations credited to this engine's batches so far
+        # (clock at which its step ends, run_seq, id) per running request; entries of
+        # requests that left the batch early are skipped lazily (run_seq tells them apart).
+        self._ends: list[tuple[int, int, str]] = []
+        self._run_seq = 0
         self.waiting: dict[str, SimTrajectory] = {}
         # (priority, id) of waiting steps; a step's priority is fixed while it waits,
         # so the heap stays valid; entries of steps that left are skipped lazily.
@@ -130,7 +148,9 @@ class SimEngine:
         self.version = 0  # bumps whenever the pending wake-up is superseded
         self.pending_prefill_tokens = 0  # migrations warming this engine's cache
         self.draining = False
-        self.arriving = 0  # steps routed here still on their way (a profiled step overhead)
+        self._arriving = 0  # steps routed here still on their way (a profiled step overhead)
+        # Told whenever ``load`` changes (the simulator's live cluster view).
+        self.on_load_change: Callable[[SimEngine], None] | None = None
         self.busy_s = 0.0
         self.generated_tokens = 0
         self.preemptions = 0
@@ -142,7 +162,20 @@ class SimEngine:
 
     @property
     def load(self) -> int:
-        return len(self.running) + len(self.waiting) + self.arriving
+        return len(self.running) + len(self.waiting) + self._arriving
+
+    @property
+    def arriving(self) -> int:
+        return self._arriving
+
+    @arriving.setter
+    def arriving(self, value: int) -> None:
+        self._arriving = value
+        self._load_changed()
+
+    def _load_changed(self) -> None:
+        if self.on_load_change is not None:
+            self.on_load_change(self)
 
     def _free_kv(self, needed: int, keep: str | None = None) -> bool:
         """Make room for ``needed`` more tokens, evicting idle caches least recent first.
@@ -157,10 +190,43 @@ class SimEngine:
     def _run(self, sim: SimTrajectory) -> None:
         self.running[sim.id] = sim
         self.running_context += sim.traj.context_tokens
+        self._run_seq += 1
+        sim.run_seq = self._run_seq
+        sim.credited_at = self.clock
+        heapq.heappush(self._ends, (self.clock + sim.remaining_in_turn, sim.run_seq, sim.id))
+
+    def _credit(self, sim: SimTrajectory) -> None:
+        """Bring a running request's counters up to the engine's clock."""
+        n = self.clock - sim.credited_at
+        if n:
+            sim.remaining_in_turn -= n
+            traj = sim.traj
+            traj.context_tokens += n
+            traj.generated_tokens += n
+            sim.credited_at = self.clock
 
     def _stop(self, sim: SimTrajectory) -> None:
+        self._credit(sim)
         del self.running[sim.id]
         self.running_context -= sim.traj.context_tokens
+        self._load_changed()
+
+    def _fewest_left(self) -> int:
+        """Tokens left in the running step closest to its end (the batch is not empty)."""
+        first = self._live_end()
+        assert first is not None  # every running request has an entry
+        return first[0] - self.clock
+
+    def _live_end(self) -> tuple[int, int, str] | None:
+        """The running request whose step ends first (drops entries of ones that left)."""
+        ends = self._ends
+        while ends:
+            entry = ends[0]
+            sim = self.running.get(entry[2])
+            if sim is not None and sim.run_seq == entry[1]:
+                return entry
+            heapq.heappop(ends)
+        return None
 
     def keep(self, sim: SimTrajectory) -> None:
         """A step ended and a tool call began: its context stays in the prefix cache (LRU)."""
@@ -172,6 +238,7 @@ class SimEngine:
         sim.traj.state = TrajectoryState.QUEUED
         self.waiting[sim.id] = sim
         heapq.heappush(self._queue, (self.priority(sim.traj), sim.id))
+        self._load_changed()
 
     def can_start_now(self) -> bool:
         """Would an arrival join the batch at the next iteration boundary?"""
@@ -197,15 +264,15 @@ class SimEngine:
         done: list[SimTrajectory] = []
         n = seg.iterations
         if n:
-            for sim in self.running.values():
-                sim.remaining_in_turn -= n
-                traj = sim.traj
-                traj.context_tokens += n
-                traj.generated_tokens += n
-                if sim.remaining_in_turn <= 0:
-                    done.append(sim)
+            self.clock += n
             self.running_context += n * len(self.running)
             self.generated_tokens += n * len(self.running)
+            while (entry := self._live_end()) is not None and entry[0] <= self.clock:
+                heapq.heappop(self._ends)
+                done.append(self.running[entry[2]])
+            # In the order they joined the batch: the order the running dict (an eager
+            # scan) would list them in, which the events they cause are sequenced by.
+            done.sort(key=lambda sim: sim.run_seq)
         for sim in done:
             self._stop(sim)
         return done
@@ -284,7 +351,7 @@ class SimEngine:
             return None
         batch = len(self.running)
         context = self.running_context
-        iterations = min(s.remaining_in_turn for s in self.running.values())
+        iterations = self._fewest_left()
         room = self.instance.kv_capacity_tokens - context - self.cache.total
         if context + iterations * batch > self.instance.kv_capacity_tokens:
             iterations = max(1, room // batch) if room > 0 else 1

@@ -236,7 +236,9 @@ class SimulatedShapePlanner:
             history=history,
             shape=shape,
             perf=self.perf,
-            config=SimConfig(max_trajectories_per_engine=cap),
+            # The replica's planner calls are not charged: it scores shapes against each
+            # other at a fraction of the pool's size, where they would cost a fraction.
+            config=SimConfig(max_trajectories_per_engine=cap, planner_cost=None),
         )
         return sim.run().makespan_s
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass, replace
 from heddle.exceptions import ConfigError, HeddleError
 
 from .._cluster import ClusterSpec
-from .._migration import Move
+from .._migration import Move, NoMigration
 from .._perf import EngineInstance, PerfModel
-from .._placement import ClusterView
+from .._placement import ClusterView, DPPlacement, PlacementPlan, plan_placement
 from .._policies import (
     SchedulingPolicy,
     get_policy,
@@ -29,11 +29,51 @@ from .._workload import TrajectoryScript
 from ._entities import SimEngine, SimTrajectory
 from ._plan import SimulatedShapePlanner
 from ._results import SimResult, summarise
+from ._view import LiveClusterView
 
-__all__ = ["SimConfig", "Simulator"]
+__all__ = ["PlannerCost", "SimConfig", "Simulator"]
 
-_WAKE, _TOOL, _MIGRATED, _REPLAN, _ARRIVE = range(5)
-_EVENT_NAMES = ("wake", "tool", "migrated", "replan", "arrive")
+_WAKE, _TOOL, _MIGRATED, _REPLAN, _ARRIVE, _PLANNED, _READY = range(7)
+_EVENT_NAMES = ("wake", "tool", "migrated", "replan", "arrive", "planned", "ready")
+
+
+@dataclass(frozen=True)
+class PlannerCost:
+    """The CPU seconds Heddle's planner calls take, charged in simulated time.
+
+    The session runs the placement DP and the migration planner on its one event
+    loop, so while they run no step is routed and no tool result is handled; the
+    plan and its moves take effect when they return. The simulator charges that
+    time from this model, not from a clock, so a run stays reproducible:
+    placement ``placement_fixed_s + placement_per_trajectory_s * n +
+    placement_per_engine_s * engines`` for ``n`` trajectories planned, and
+    migration ``migration_per_trajectory_s * n`` for ``n`` considered. The
+    constants are a least-squares fit of ``time.process_time()`` around
+    ``DPPlacement.replan`` and ``ToolWindowMigration.plan`` on 1,024 to 32,768
+    trajectories over 16, 64 and 256 engines (2-core x86 VM, Python 3.11,
+    numpy 2; docs/simulator.md, "Scheduler CPU time"); each point lies within
+    25% of its fit above 4 ms.
+    """
+
+    placement_fixed_s: float = 5e-4
+    placement_per_trajectory_s: float = 1.1e-6
+    placement_per_engine_s: float = 1.4e-5
+    migration_per_trajectory_s: float = 1.4e-6
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if not (value >= 0 and math.isfinite(value)):
+                raise ConfigError(f"PlannerCost.{name}={value} must be a finite number >= 0")
+
+    def placement_s(self, trajectories: int, engines: int) -> float:
+        return (
+            self.placement_fixed_s
+            + self.placement_per_trajectory_s * trajectories
+            + self.placement_per_engine_s * engines
+        )
+
+    def migration_s(self, trajectories: int) -> float:
+        return self.migration_per_trajectory_s * trajectories
 
 
 @dataclass(frozen=True)
@@ -49,6 +89,9 @@ class SimConfig:
     # start, in task order, as others finish. A knob verl's and slime's users turn
     # (rollout concurrency) so that fewer contexts fight for the KV cache.
     max_trajectories_per_engine: int | None = None
+    # The planner's own CPU time delays what it decides (None: plans take no time, as
+    # before issue 14). Only policies that run the DP or the migration planner pay it.
+    planner_cost: PlannerCost | None = PlannerCost()
 
     def __post_init__(self) -> None:
         if self.replan_interval_s <= 0:
@@ -127,21 +170,36 @@ class Simulator:
             self.migration = make_migration(fallback.migration, self.perf)
             self._replans = fallback.migration != "none" or fallback.placement == "presorted-dp"
         self.reshaped = shape is None and self.shape != cluster.baseline_shape()
+        cost = self.config.planner_cost
+        self._placement_cost = cost if isinstance(self.placement, DPPlacement) else None
+        self._migration_cost = cost if not isinstance(self.migration, NoMigration) else None
         self.engines: dict[str, SimEngine] = {}
         counter = itertools.count()
         for tp in self.shape.tps():
             inst = self.perf.instance(f"tp{tp}-{next(counter)}", tp)
             self._check_fits(inst)
             self.engines[inst.name] = SimEngine(inst, self.perf, self.ordering.priority)
+        # Built once and kept current by the engines (no engine drains mid-run).
+        self._live_view = LiveClusterView([e for e in self.engines.values() if not e.draining])
+        for engine in self.engines.values():
+            engine.on_load_change = self._live_view.update
         self._events: list[tuple[float, int, int, str, int]] = []
         self._seq = itertools.count()
         self._moving: set[str] = set()  # engines sending or receiving a move
         self._move_of: dict[str, Move] = {}
         self._arriving: dict[str, str] = {}  # trajectory -> engine its step is on its way to
         self._finished = 0
+        # Unfinished trajectories in workload order: a re-plan reads them without a scan
+        # of every trajectory ever started.
+        self._unfinished: dict[str, SimTrajectory] = dict(self.sims)
         self._not_started: list[SimTrajectory] = []  # past the in-flight cap, reversed order
         self.migrations = 0
         self.replans = 0
+        self.planner_s = 0.0  # simulated seconds charged for the planner's CPU time
+        # The session's loop is busy planning until then: tool results, routing and the
+        # landing of moves wait; engines keep running.
+        self._busy_until = 0.0
+        self._pending: tuple[PlacementPlan | None, list[Move]] | None = None
         self.trace: list[tuple[float, str, str]] = []  # (time, event, engine or trajectory)
 
     # -- set-up ------------------------------------------------------------------
@@ -206,8 +264,7 @@ class Simulator:
                 self._push(cut, _WAKE, engine.name, engine.version)
 
     def _view(self) -> ClusterView:
-        live = [e for e in self.engines.values() if not e.draining]
-        return ClusterView([e.instance for e in live], {e.name: e.load for e in live})
+        return self._live_view
 
     def _predict(self, sim: SimTrajectory) -> None:
         if self.predictor is not None:
@@ -215,6 +272,9 @@ class Simulator:
 
     # -- the agent loop ---------------------------------------------------------------
     def _dispatch(self, sim: SimTrajectory, now: float) -> None:
+        if now < self._busy_until:
+            self._push(self._busy_until, _READY, sim.id)  # routed once the plan is done
+            return
         sim.start_turn()
         sim.traj.ready_s = now
         engine = self.engines[self.placement.route(sim.traj, self._view())]
@@ -244,6 +304,7 @@ class Simulator:
             traj.predicted_remaining_tokens = 0.0
             sim.finish_s = now
             self._finished += 1
+            del self._unfinished[sim.id]
             if self.predictor is not None:
                 self.predictor.finish(traj)
             if self._not_started:
@@ -253,11 +314,13 @@ class Simulator:
         tool = script.tool_names[traj.turns - 1]
         traj.state = TrajectoryState.IN_TOOL
         traj.tool_calls += 1
-        traj.tool_expected_end_s = now + self.tool_means_s.get(tool, 0.0)
+        # The agent issues the call when the session's loop is free (at once unless planning).
+        called = max(now, self._busy_until)
+        traj.tool_expected_end_s = called + self.tool_means_s.get(tool, 0.0)
         self._predict(sim)
         if traj.turns in self.config.quality_steps:
             sim.predicted_total_at_step[traj.turns] = traj.predicted_total_tokens
-        self._push(now + script.tool_latency_s[traj.turns - 1], _TOOL, sim.id)
+        self._push(called + script.tool_latency_s[traj.turns - 1], _TOOL, sim.id)
 
     def _tool_done(self, sim: SimTrajectory, now: float) -> None:
         sim.traj.context_tokens += sim.script.tool_output_tokens[sim.traj.turns - 1]
@@ -267,24 +330,63 @@ class Simulator:
             return
         self._dispatch(sim, now)
 
-    def _replan(self, now: float) -> None:
+    def _replan(self, now: float) -> float:
+        """Plan on the state at ``now``; return the CPU seconds charged for it."""
         self.replans += 1
-        live = [s.traj for s in self.sims.values() if not s.traj.state.finished]
+        live = [s.traj for s in self._unfinished.values()]
         if not live:
-            return
+            return 0.0
         view = self._view()
-        self.placement.replan(live, view)
-        instances = {i.name: i for i in view.instances}
+        candidates = [t for t in live if self.sims[t.id].migrating_to is None]
+        spent = 0.0
+        if self._placement_cost is not None:
+            spent += self._placement_cost.placement_s(len(live), len(view.instances))
+        if self._migration_cost is not None:
+            spent += self._migration_cost.migration_s(len(candidates))
+        plan: PlacementPlan | None = None
+        target: Callable[[Trajectory], str | None] = self.placement.target
+        if spent > 0 and isinstance(self.placement, DPPlacement):
+            # Computed now, adopted when the planner returns; moves aim at the new plan.
+            new_plan = plan = plan_placement(live, view.instances)
+            target = lambda t: new_plan.assignment.get(t.id)  # noqa: E731
+        else:
+            self.placement.replan(live, view)
         moves = self.migration.plan(
-            [t for t in live if self.sims[t.id].migrating_to is None],
-            self.placement.target,
-            instances,
+            candidates,
+            target,
+            {i.name: i for i in view.instances},
             view.load,
             now,
             busy=self._moving,
         )
+        if spent <= 0:
+            for move in moves:
+                self._start_move(move, now)
+            return 0.0
+        self.planner_s += spent
+        self._busy_until = max(self._busy_until, now + spent)
+        self._pending = (plan, moves)
+        self._push(now + spent, _PLANNED, "")
+        return spent
+
+    def _planned(self, now: float) -> None:
+        """The planner returned: adopt its plan, start its moves that still make sense."""
+        assert self._pending is not None
+        plan, moves = self._pending
+        self._pending = None
+        if plan is not None:
+            assert isinstance(self.placement, DPPlacement)
+            self.placement.adopt(plan)
         for move in moves:
-            self._start_move(move, now)
+            sim = self.sims[move.trajectory_id]
+            if (
+                sim.traj.state is TrajectoryState.IN_TOOL
+                and sim.migrating_to is None
+                and sim.traj.instance == move.source
+                and move.source not in self._moving
+                and move.destination not in self._moving
+            ):
+                self._start_move(move, now)
 
     def _start_move(self, move: Move, now: float) -> None:
         sim = self.sims[move.trajectory_id]
@@ -315,7 +417,14 @@ class Simulator:
         sims = list(self.sims.values())
         for sim in sims:
             self._predict(sim)
-        self.placement.replan([s.traj for s in sims], self._view())
+        view = self._view()
+        self.placement.replan([s.traj for s in sims], view)
+        if self._placement_cost is not None:
+            # The first steps are routed once the first plan is done.
+            spent = self._placement_cost.placement_s(len(sims), len(view.instances))
+            self.planner_s += spent
+            start += spent
+            self._busy_until = start
         cap = self.config.max_trajectories_per_engine
         first = sims if cap is None else sims[: cap * len(self.engines)]
         self._not_started = sims[len(first) :][::-1]
@@ -345,16 +454,23 @@ class Simulator:
                     self._step_done(sim, engine, now)
                 engine.relieve_kv_pressure(now)
                 self._kick(engine, now, arrival=False)
+            elif kind in (_TOOL, _MIGRATED) and now < self._busy_until:
+                self._push(self._busy_until, kind, key)  # handled once the planner returns
             elif kind == _TOOL:
                 self._tool_done(self.sims[key], now)
             elif kind == _MIGRATED:
                 self._migrated(self.sims[key], now)
             elif kind == _ARRIVE:
                 self._arrive(self.sims[key], now)
+            elif kind == _READY:
+                self._dispatch(self.sims[key], now)
+            elif kind == _PLANNED:
+                self._planned(now)
             elif kind == _REPLAN:
-                self._replan(now)
+                spent = self._replan(now)
                 if self._finished < total:
-                    self._push(now + self.config.replan_interval_s, _REPLAN, "")
+                    # The session's loop waits the interval after a plan returns.
+                    self._push(now + spent + self.config.replan_interval_s, _REPLAN, "")
             if progress is not None and self._finished != last_reported:
                 last_reported = self._finished
                 progress(self._finished, total)
