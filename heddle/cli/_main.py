@@ -18,6 +18,7 @@ from heddle.exceptions import HeddleError
 
 from ._export import add_export_parser
 from ._run import add_operator_parser, add_run_parser
+from ._session import add_session_parser
 
 __all__ = ["main"]
 
@@ -371,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_run_parser(sub)
     add_operator_parser(sub)
+    add_session_parser(sub)
 
     p_doctor = sub.add_parser(
         "doctor",

@@ -351,7 +351,11 @@ def test_worker_network_policy_admits_only_the_operator_and_the_named_scrapers()
         selected = spec["podSelector"]["matchLabels"]
         assert selected.items() <= worker["metadata"]["labels"].items()  # the operator's pods
         assert spec["policyTypes"] == ["Ingress"]
-        operator_rule, scrape_rule = spec["ingress"]
+        operator_rule, session_rule, scrape_rule = spec["ingress"]
+        # The job's session pods, in the pool's namespace (no namespaceSelector: the policy's).
+        assert session_rule["from"] == [
+            {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "heddle-session"}}}
+        ]
         (source,) = operator_rule["from"]
         assert source["namespaceSelector"]["matchLabels"] == {
             "kubernetes.io/metadata.name": NAMESPACE
@@ -359,17 +363,17 @@ def test_worker_network_policy_admits_only_the_operator_and_the_named_scrapers()
         assert source["podSelector"]["matchLabels"].items() <= (
             operator_pod["metadata"]["labels"].items()
         )
-        for rule in (operator_rule, scrape_rule):
+        for rule in (operator_rule, session_rule, scrape_rule):
             assert rule["ports"] == [{"port": WORKER_PORT, "protocol": "TCP"}]
         assert scrape_rule["from"] == [
             {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
         ]
-    # Without scrapers, only the operator's rule; turned off, none; cluster-wide with no
-    # namespaces listed, none (the chart cannot know where pools will be).
+    # Without scrapers, the operator's and the sessions' rules; turned off, none; cluster-wide
+    # with no namespaces listed, none (the chart cannot know where pools will be).
     (plain,) = [
         p for p in _worker_policies("watchNamespaces") if p["metadata"]["namespace"] == "rl"
     ]
-    assert len(plain["spec"]["ingress"]) == 1
+    assert len(plain["spec"]["ingress"]) == 2
     assert _worker_policies("no-workerNetworkPolicy") == []
     assert _worker_policies("defaults") == []
 

@@ -1,0 +1,140 @@
+"""Pure builders of a RolloutJob's session pod and its least-privilege RBAC.
+
+The session pod runs ``heddle session`` for one job in the job's namespace,
+owned by the job; without ``spec.session.serviceAccountName`` it runs as
+``heddle-session``, whose Role lets it read jobs and pools, patch jobs'
+status, read task ConfigMaps and post Events, and nothing else (the worker
+token reaches it through a ``secretKeyRef``, so it needs no Secret access).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import kopf
+
+from heddle.api._manifests import RolloutJobSpec
+from heddle.rollout._hosts import ALLOWED_HOSTS_ENV, HostAllowList
+from heddle.rollout._session import SessionConfig
+
+from ._tokens import token_env
+
+__all__ = [
+    "LABEL_JOB",
+    "SESSION_ACCOUNT",
+    "SESSION_CONFIG_ENV",
+    "SessionPodOptions",
+    "session_pod",
+    "session_rbac",
+]
+
+LABEL_JOB = "heddle.dev/job"
+SESSION_ACCOUNT = "heddle-session"
+SESSION_CONFIG_ENV = "HEDDLE_SESSION_CONFIG"  # the control loop's knobs, JSON
+DEFAULT_SESSION_IMAGE = "ghcr.io/heddle-dev/heddle-operator:latest"
+
+# What the session pod does through the API, and nothing more.
+SESSION_RULES: tuple[dict[str, Any], ...] = (
+    {"apiGroups": ["heddle.dev"], "resources": ["rolloutjobs", "enginepools"],
+     "verbs": ["get", "list", "watch"]},
+    {"apiGroups": ["heddle.dev"], "resources": ["rolloutjobs/status"], "verbs": ["get", "patch"]},
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SessionPodOptions:
+    """What the operator puts in every session pod (its own settings, passed on)."""
+
+    image: str = DEFAULT_SESSION_IMAGE  # a job's spec.session.image wins
+    base_dir: Path = Path("/data")  # relative paths of a job resolve inside it
+    status_interval_s: float = 1.0
+    metrics_port: int = 0  # the session's Prometheus port; 0: off
+    session: SessionConfig = field(default_factory=SessionConfig)
+    tool_hosts: HostAllowList | None = None  # where tool calls may go; None: anywhere
+
+
+def _owner(body: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(kopf.build_owner_reference(kopf.Body(cast(kopf.RawBody, dict(body)))))
+
+
+def session_pod(
+    job: RolloutJobSpec, job_body: Mapping[str, Any], options: SessionPodOptions
+) -> dict[str, Any]:
+    """The pod that runs ``job``'s session (a fresh name each time: a replacement never
+    waits for its predecessor's name)."""
+    s = job.session
+    env: list[dict[str, Any]] = [
+        token_env(job.engine_pool),
+        {"name": SESSION_CONFIG_ENV, "value": json.dumps(asdict(options.session))},
+    ]
+    if options.tool_hosts is not None:
+        env.append({"name": ALLOWED_HOSTS_ENV, "value": options.tool_hosts.text()})
+    container: dict[str, Any] = {
+        "name": "session",
+        "image": s.image or options.image,
+        "command": [
+            "heddle", "session", "--namespace", job.namespace, "--job", job.name,
+            "--base-dir", str(options.base_dir),
+            "--status-interval", str(options.status_interval_s),
+            "--metrics-port", str(options.metrics_port),
+        ],
+        "env": env,
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }  # fmt: skip
+    if s.resources:
+        container["resources"] = dict(s.resources)
+    if s.volume_mounts:
+        container["volumeMounts"] = [dict(m) for m in s.volume_mounts]
+    if options.metrics_port:
+        container["ports"] = [{"name": "metrics", "containerPort": options.metrics_port}]
+    spec: dict[str, Any] = {
+        "containers": [container],
+        "restartPolicy": "Never",  # the operator replaces a failed session pod itself
+        "serviceAccountName": s.service_account_name or SESSION_ACCOUNT,
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+    }
+    if s.volumes:
+        spec["volumes"] = [dict(v) for v in s.volumes]
+    if s.node_selector:
+        spec["nodeSelector"] = dict(s.node_selector)
+    if s.tolerations:
+        spec["tolerations"] = [dict(t) for t in s.tolerations]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": f"{job.name}-session-",
+            "namespace": job.namespace,
+            "labels": {LABEL_JOB: job.name, "app.kubernetes.io/name": "heddle-session"},
+            "ownerReferences": [_owner(job_body)],
+        },
+        "spec": spec,
+    }
+
+
+def session_rbac(namespace: str) -> list[tuple[str, dict[str, Any]]]:
+    """(plural, object) of the ServiceAccount, Role and RoleBinding of session pods."""
+    labels = {"app.kubernetes.io/name": "heddle-session", "app.kubernetes.io/managed-by": "heddle"}
+    meta = {"name": SESSION_ACCOUNT, "namespace": namespace, "labels": labels}
+    rbac = "rbac.authorization.k8s.io/v1"
+    return [
+        ("serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}),
+        ("roles", {"apiVersion": rbac, "kind": "Role", "metadata": meta,
+                   "rules": [dict(r) for r in SESSION_RULES]}),
+        ("rolebindings", {
+            "apiVersion": rbac, "kind": "RoleBinding", "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                        "name": SESSION_ACCOUNT},
+            "subjects": [{"kind": "ServiceAccount", "name": SESSION_ACCOUNT,
+                          "namespace": namespace}],
+        }),
+    ]  # fmt: skip
