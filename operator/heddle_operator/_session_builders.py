@@ -36,6 +36,13 @@ LABEL_JOB = "heddle.dev/job"
 SESSION_ACCOUNT = "heddle-session"
 SESSION_CONFIG_ENV = "HEDDLE_SESSION_CONFIG"  # the control loop's knobs, JSON
 DEFAULT_SESSION_IMAGE = "ghcr.io/heddle-dev/heddle-operator:latest"
+TMP_VOLUME = "heddle-tmp"  # /tmp on a read-only root
+# A job without spec.session.resources: about the operator's old share for one job
+# (~1 ms of CPU per step, ~50 KiB per running trajectory; docs/benchmarks.md).
+DEFAULT_RESOURCES: dict[str, Any] = {
+    "requests": {"cpu": "500m", "memory": "512Mi"},
+    "limits": {"memory": "4Gi"},
+}
 
 # What the session pod does through the API, and nothing more.
 SESSION_RULES: tuple[dict[str, Any], ...] = (
@@ -88,22 +95,26 @@ def session_pod(
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,  # it writes only the job's output, on its volumes
         },
+        "resources": dict(s.resources) or DEFAULT_RESOURCES,
+        "volumeMounts": [{"name": TMP_VOLUME, "mountPath": "/tmp"},
+                         *(dict(m) for m in s.volume_mounts)],
     }  # fmt: skip
-    if s.resources:
-        container["resources"] = dict(s.resources)
-    if s.volume_mounts:
-        container["volumeMounts"] = [dict(m) for m in s.volume_mounts]
     if options.metrics_port:
         container["ports"] = [{"name": "metrics", "containerPort": options.metrics_port}]
     spec: dict[str, Any] = {
         "containers": [container],
         "restartPolicy": "Never",  # the operator replaces a failed session pod itself
         "serviceAccountName": s.service_account_name or SESSION_ACCOUNT,
-        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
-    }
-    if s.volumes:
-        spec["volumes"] = [dict(v) for v in s.volumes]
+        # The operator image's user (Dockerfile, USER 10001); fsGroup lets it write the
+        # job's output on volumes that honour it.
+        "securityContext": {
+            "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }  # fmt: skip
+    spec["volumes"] = [{"name": TMP_VOLUME, "emptyDir": {}}, *(dict(v) for v in s.volumes)]
     if s.node_selector:
         spec["nodeSelector"] = dict(s.node_selector)
     if s.tolerations:

@@ -27,6 +27,7 @@ import yaml
 
 from heddle.api._manifests import EnginePoolSpec, RolloutJobSpec
 from heddle.operator._builders import WORKER_PORT, headless_service, instance_name, worker_pod
+from heddle.operator._session_builders import SessionPodOptions, session_pod, session_rbac
 from heddle.rollout._hosts import ALLOWED_HOSTS_ENV, HostAllowList
 
 from ._tree import ROOT
@@ -510,6 +511,25 @@ def worker_objects() -> list[dict[str, Any]]:
     ]
 
 
+def session_objects() -> list[dict[str, Any]]:
+    """A session Pod for the paper's coding job (as the API server names it), and the
+    ServiceAccount, Role and RoleBinding the operator makes for session pods."""
+    body = yaml.safe_load((ROOT / "examples" / "paper" / "job-coding.yaml").read_text())
+    body["metadata"]["uid"] = "0b6f4c1e-2d3a-4e5f-8a9b-1c2d3e4f5a6b"
+    job = RolloutJobSpec.from_manifest(body)
+    options = SessionPodOptions(image="ghcr.io/heddle-dev/heddle-operator:0.1.0", metrics_port=9090)
+    pod = session_pod(job, body, options)
+    pod["metadata"]["name"] = pod["metadata"]["generateName"] + "x7k2p"
+    return [pod, *(obj for _, obj in session_rbac(job.namespace))]
+
+
+def test_session_pod_and_its_rbac_are_valid_kubernetes() -> None:
+    objects = session_objects()
+    errors = [e for obj in objects for v in KUBE_VERSIONS for e in schema_errors(obj, v)]
+    assert errors == []
+    assert [o["kind"] for o in objects] == ["Pod", "ServiceAccount", "Role", "RoleBinding"]
+
+
 def test_worker_pod_and_service_are_valid_kubernetes() -> None:
     objects = worker_objects()
     errors = [e for obj in objects for v in KUBE_VERSIONS for e in schema_errors(obj, v)]
@@ -519,17 +539,22 @@ def test_worker_pod_and_service_are_valid_kubernetes() -> None:
 
 @pytest.fixture(scope="module")
 def checkov_findings(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
-    """scope ("chart" or "worker") -> ids of the checks that fail there; checkov runs once."""
+    """scope ("chart", "worker", "session") -> ids of the checks that fail there; checkov
+    runs once."""
     checkov = _checkov()
     root = tmp_path_factory.mktemp("checkov")
     (root / "chart").mkdir()
     (root / "worker").mkdir()
+    (root / "session").mkdir()
     written = 0
     for name in VALUE_SETS:
         (root / "chart" / f"{name}.yaml").write_text(yaml.safe_dump_all(_rendered(name)))
         written += len(_rendered(name))
     for obj in worker_objects():
         (root / "worker" / f"{obj['kind'].lower()}.yaml").write_text(yaml.safe_dump(obj))
+        written += 1
+    for obj in session_objects():
+        (root / "session" / f"{obj['kind'].lower()}.yaml").write_text(yaml.safe_dump(obj))
         written += 1
     result = subprocess.run(
         [str(checkov), "-d", str(root), "--framework", "kubernetes", "-o", "json", *OFFLINE],
@@ -545,7 +570,7 @@ def checkov_findings(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[
     summary = report["summary"]
     assert summary["parsing_errors"] == 0 and summary["passed"] > 0, summary
     assert summary["resource_count"] >= len(worker_objects()), summary
-    findings: dict[str, set[str]] = {"chart": set(), "worker": set()}
+    findings: dict[str, set[str]] = {"chart": set(), "worker": set(), "session": set()}
     for failed in report["results"]["failed_checks"]:
         scope = Path(failed["file_path"]).parts[1]
         findings[scope].add(failed["check_id"])
@@ -560,14 +585,14 @@ def _skips() -> dict[str, dict[str, str]]:
 
 def test_checkov_skips_each_say_why() -> None:
     skips = _skips()
-    assert set(skips) == {"chart", "worker"}
+    assert set(skips) == {"chart", "worker", "session"}
     for scope, entries in skips.items():
         for check, why in entries.items():
             assert re.fullmatch(r"CKV2?_K8S_\d+", check), (scope, check)
             assert isinstance(why, str) and len(why.split()) >= 10, (scope, check)
 
 
-@pytest.mark.parametrize("scope", ["chart", "worker"])
+@pytest.mark.parametrize("scope", ["chart", "worker", "session"])
 def test_checkov_finds_only_the_justified(
     checkov_findings: dict[str, set[str]], scope: str
 ) -> None:
