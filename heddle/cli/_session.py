@@ -73,6 +73,8 @@ def _cmd_session(args: argparse.Namespace) -> int:
         status_interval_s=args.status_interval,
         poll_s=min(1.0, args.status_interval),
         session=session,
+        gateway_host=args.gateway_host,
+        gateway_port=args.gateway_port,
     )
     signal.signal(signal.SIGTERM, _interrupt)  # the pod deleted: stop, the output closed
 
@@ -111,4 +113,10 @@ def add_session_parser(sub: Any) -> None:
         "--status-interval", type=float, default=1.0, help="seconds between status patches"
     )
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus port; 0: off")
+    p.add_argument(
+        "--gateway-host", default="0.0.0.0", help="external jobs: where the gateway listens"
+    )
+    p.add_argument(
+        "--gateway-port", type=int, default=8080, help="external jobs: the gateway's port"
+    )
     p.set_defaults(func=_cmd_session)

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from heddle.api._manifests import RolloutJobSpec
-from heddle.exceptions import HeddleError, ManifestError
+from heddle.exceptions import HeddleError
 from heddle.rollout._hosts import check_tool_hosts
 
 from ._builders import condition, now_iso
@@ -28,6 +29,8 @@ from ._kube import (
     ENGINEPOOLS,
     PODS,
     ROLLOUTJOBS,
+    SECRETS,
+    SERVICES,
     ApiError,
     KubeClient,
     Resource,
@@ -35,7 +38,13 @@ from ._kube import (
 from ._kube import ROLEBINDINGS as _ROLEBINDINGS
 from ._kube import ROLES as _ROLES
 from ._kube import SERVICEACCOUNTS as _SERVICEACCOUNTS
-from ._session_builders import LABEL_JOB, SessionPodOptions, session_pod, session_rbac
+from ._session_builders import (
+    LABEL_JOB,
+    SessionPodOptions,
+    gateway_objects,
+    session_pod,
+    session_rbac,
+)
 
 __all__ = ["JobContext", "delete_session_pods", "run_job", "session_pods"]
 
@@ -106,12 +115,6 @@ async def _first_in_queue(ctx: JobContext, body: Mapping[str, Any], pool: str) -
 def _validate(body: Mapping[str, Any], ctx: JobContext) -> RolloutJobSpec:
     job = RolloutJobSpec.from_manifest(body)
     check_tool_hosts(job, ctx.pod.tool_hosts)
-    if job.environment.type == "external":
-        raise ManifestError(
-            "environment.type external needs its gateway served as a Service of the "
-            "job's session pod, which the operator does not make yet; run the job with "
-            "`heddle run` (docs/gateway.md) or use type tools"
-        )
     return job
 
 
@@ -156,6 +159,7 @@ class _PodKeeper:
         self.uid = body["metadata"].get("uid")
         self.written: tuple[str, ...] = ()  # what this keeper wrote last (no repeats)
         self.rbac_done = job.session.service_account_name is not None
+        self.gateway_done = job.environment.type != "external"  # only external jobs serve one
         self.created = 0  # session pods this operator made for the job
         self.version: str | None = None  # the job's resourceVersion this round read
 
@@ -193,6 +197,8 @@ class _PodKeeper:
             return True
         if not self.rbac_done:
             await self._ensure_rbac()
+        if not self.gateway_done:
+            await self._ensure_gateway()
         pods = [p for p in await session_pods(ctx.kube, job.namespace, job.name)
                 if _owned_by(p, self.uid)]  # fmt: skip
         if any(p["metadata"].get("deletionTimestamp") for p in pods):
@@ -238,6 +244,21 @@ class _PodKeeper:
         await self._say(phase, condition("SessionReady", False, "SessionPodStarting",
                                         f"session pod {name} is starting"))  # fmt: skip
         return True
+
+    async def _ensure_gateway(self) -> None:
+        """An external job's token Secret and Service (an existing Secret is kept: its
+        token is the one agents hold)."""
+        token = secrets.token_urlsafe(32)
+        for plural, obj in gateway_objects(self.job, self.body, token):
+            resource = SECRETS if plural == "secrets" else SERVICES
+            if await self.ctx.kube.get(resource, self.job.namespace, obj["metadata"]["name"]):
+                continue
+            try:
+                await self.ctx.kube.create(resource, self.job.namespace, obj)
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+        self.gateway_done = True
 
     async def _ensure_rbac(self) -> None:
         for plural, obj in session_rbac(self.job.namespace):

@@ -9,6 +9,7 @@ token reaches it through a ``secretKeyRef``, so it needs no Secret access).
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -19,15 +20,20 @@ import kopf
 
 from heddle.api._manifests import RolloutJobSpec
 from heddle.rollout._hosts import ALLOWED_HOSTS_ENV, HostAllowList
+from heddle.rollout._run import GATEWAY_TOKEN_ENV
 from heddle.rollout._session import SessionConfig
 
-from ._tokens import token_env
+from ._tokens import TOKEN_KEY, token_env
 
 __all__ = [
+    "GATEWAY_PORT",
     "LABEL_JOB",
     "SESSION_ACCOUNT",
     "SESSION_CONFIG_ENV",
     "SessionPodOptions",
+    "gateway_objects",
+    "gateway_secret_name",
+    "gateway_url",
     "session_pod",
     "session_rbac",
 ]
@@ -37,6 +43,7 @@ SESSION_ACCOUNT = "heddle-session"
 SESSION_CONFIG_ENV = "HEDDLE_SESSION_CONFIG"  # the control loop's knobs, JSON
 DEFAULT_SESSION_IMAGE = "ghcr.io/heddle-dev/heddle-operator:latest"
 TMP_VOLUME = "heddle-tmp"  # /tmp on a read-only root
+GATEWAY_PORT = 8080  # an external job's gateway, in its session pod
 # A job without spec.session.resources: about the operator's old share for one job
 # (~1 ms of CPU per step, ~50 KiB per running trajectory; docs/benchmarks.md).
 DEFAULT_RESOURCES: dict[str, Any] = {
@@ -82,6 +89,10 @@ def session_pod(
     ]
     if options.tool_hosts is not None:
         env.append({"name": ALLOWED_HOSTS_ENV, "value": options.tool_hosts.text()})
+    external = job.environment.type == "external"
+    if external:  # the agents' token, from the job's own Secret (gateway_objects)
+        env.append({"name": GATEWAY_TOKEN_ENV, "valueFrom": {"secretKeyRef": {
+            "name": gateway_secret_name(job.name), "key": TOKEN_KEY}}})  # fmt: skip
     container: dict[str, Any] = {
         "name": "session",
         "image": s.image or options.image,
@@ -90,6 +101,8 @@ def session_pod(
             "--base-dir", str(options.base_dir),
             "--status-interval", str(options.status_interval_s),
             "--metrics-port", str(options.metrics_port),
+            *(["--gateway-host", "0.0.0.0", "--gateway-port", str(GATEWAY_PORT)]
+              if external else []),
         ],
         "env": env,
         "securityContext": {
@@ -101,8 +114,13 @@ def session_pod(
         "volumeMounts": [{"name": TMP_VOLUME, "mountPath": "/tmp"},
                          *(dict(m) for m in s.volume_mounts)],
     }  # fmt: skip
-    if options.metrics_port:
-        container["ports"] = [{"name": "metrics", "containerPort": options.metrics_port}]
+    ports = (
+        [{"name": "metrics", "containerPort": options.metrics_port}] if options.metrics_port else []
+    )
+    if external:
+        ports.append({"name": "gateway", "containerPort": GATEWAY_PORT})
+    if ports:
+        container["ports"] = ports
     spec: dict[str, Any] = {
         "containers": [container],
         "restartPolicy": "Never",  # the operator replaces a failed session pod itself
@@ -130,6 +148,37 @@ def session_pod(
         },
         "spec": spec,
     }
+
+
+def gateway_secret_name(job: str) -> str:
+    return f"{job}-gateway-token"
+
+
+def gateway_url(job: RolloutJobSpec) -> str:
+    """Where agents in the cluster reach an external job's gateway (its Service)."""
+    return f"http://{job.name}-gateway.{job.namespace}.svc:{GATEWAY_PORT}/v1"
+
+
+def gateway_objects(
+    job: RolloutJobSpec, job_body: Mapping[str, Any], token: str
+) -> list[tuple[str, dict[str, Any]]]:
+    """(plural, object) of an external job's gateway: the Secret with the agents' token and
+    the Service in front of the session pod, both owned by the job (they go with it)."""
+    meta = {"namespace": job.namespace, "labels": {LABEL_JOB: job.name},
+            "ownerReferences": [_owner(job_body)]}  # fmt: skip
+    secret = {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {**meta, "name": gateway_secret_name(job.name)},
+        "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    }  # fmt: skip
+    service = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {**meta, "name": f"{job.name}-gateway"},
+        "spec": {"selector": {LABEL_JOB: job.name},
+                 "ports": [{"name": "gateway", "port": GATEWAY_PORT,
+                            "targetPort": GATEWAY_PORT}]},
+    }  # fmt: skip
+    return [("secrets", secret), ("services", service)]
 
 
 def session_rbac(namespace: str) -> list[tuple[str, dict[str, Any]]]:

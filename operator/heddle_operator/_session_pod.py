@@ -29,11 +29,14 @@ from typing import Any
 
 from heddle.api._manifests import EnginePoolSpec, RolloutJobSpec
 from heddle.exceptions import CheckpointError, HeddleError, ManifestError
+from heddle.rollout._external import ExternalEnvironment
+from heddle.rollout._gateway import Gateway
 from heddle.rollout._hosts import HostAllowList, check_tool_hosts
 from heddle.rollout._output import OutputSink
 from heddle.rollout._progress import SessionMetrics
 from heddle.rollout._run import (
     LocalJob,
+    build_environment,
     build_session,
     job_workload,
     perf_model_for,
@@ -48,6 +51,7 @@ from heddle.worker._client import WorkerEndpoint
 from ._builders import condition, now_iso, shape_entries
 from ._job_status import FINISHED, JobStatus, progress_fields
 from ._kube import CONFIGMAPS, ENGINEPOOLS, ROLLOUTJOBS, ApiError, KubeClient, RetryPolicy
+from ._session_builders import GATEWAY_PORT, gateway_url
 
 __all__ = ["SESSION_RETRY", "SessionPodConfig", "ready_workers", "run_session_pod"]
 
@@ -68,6 +72,9 @@ class SessionPodConfig:
     status_interval_s: float = 1.0  # status patches at most this often
     poll_s: float = 1.0  # how often the pool's status is read
     session: SessionConfig = field(default_factory=SessionConfig)
+    gateway_host: str = "0.0.0.0"  # an external job's gateway: the pod's every address
+    gateway_port: int = GATEWAY_PORT
+    gateway_linger_s: float = 3.0  # served on after the end, so polling agents hear of it
 
 
 def ready_workers(
@@ -182,23 +189,38 @@ async def _run(
         for i in (pool_body.get("status") or {}).get("instances", [])
         if i.get("weightVersion") is not None
     }
+    environment = build_environment(local)
     session = build_session(
         local,
         list(workers.values()),
         OutputSink(local.output, follow_symlinks=False),
         plan=plan,
         perf=perf,
+        environment=environment,
         config=config.session,
         metrics=metrics,
         weight_versions=versions,
     )
+    served: Gateway | None = None
+    if isinstance(environment, ExternalEnvironment):
+        # The agents reach it through the job's Service (the operator made it and the
+        # token's Secret); the token came in HEDDLE_GATEWAY_TOKEN from that Secret.
+        served = Gateway(environment, config.gateway_host, config.gateway_port)
+        await served.start()
+        planned["gatewayURL"] = gateway_url(job)
     running = [
         condition("Valid", True, "SpecValid", "the spec is valid"),
         condition("PoolReady", True, "InstancesReady", f"{len(workers)} instances"),
         condition("Running", True, "SessionRunning", _running(job.policy, plan.policy)),
     ]
-    await status.write("Running", running, startTime=now_iso(), **planned)
-    await _drive(config, kube, local, session, status, workers, token)
+    try:
+        await status.write("Running", running, startTime=now_iso(), **planned)
+        await _drive(config, kube, local, session, status, workers, token)
+        if served is not None:
+            await asyncio.sleep(config.gateway_linger_s)
+    finally:
+        if served is not None:
+            await asyncio.shield(served.stop())
 
 
 async def _drive(

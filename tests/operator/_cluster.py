@@ -462,15 +462,19 @@ class Kubelet:
             return
         env["KUBECONFIG"] = str(self._kubeconfig())
         env["HEDDLE_LOG_LEVEL"] = "INFO"
+        # The pod's own address, as for workers: a gateway bound to 0.0.0.0 in the pod
+        # listens on its pod IP alone here, so two session pods never share a port.
+        ip = f"{self._subnet}.{next(self._ips)}"
+        command = [ip if a == "0.0.0.0" else a for a in container["command"][1:]]
         log = (self.log_dir / f"{name}.log").open("ab")
         process = subprocess.Popen(
-            [sys.executable, "-m", "heddle", *container["command"][1:]],
+            [sys.executable, "-m", "heddle", *command],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
             preexec_fn=die_with_parent,  # noqa: PLW1509 - no session outlives a killed test run
         )  # fmt: skip
         job = pod["metadata"]["labels"][SESSION_LABEL]
-        self.running[name] = _Running("", process, pod["metadata"].get("uid", ""), job)
-        await self._status(name, {"phase": "Running", "conditions": [
+        self.running[name] = _Running(ip, process, pod["metadata"].get("uid", ""), job)
+        await self._status(name, {"phase": "Running", "podIP": ip, "conditions": [
             {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"},
         ], "containerStatuses": [
             {"name": "session", "ready": True, "state": {"running": {}}},

@@ -327,25 +327,6 @@ async def test_tool_host_outside_the_operators_allow_list_fails_the_job(tmp_path
         )
 
 
-async def test_external_job_fails_with_a_sentence_until_sessions_run_in_pods(
-    tmp_path: Path,
-) -> None:
-    async with cluster(tmp_path) as c:
-        inline = {"inline": [{"prompt": "x"}]}
-        await c.apply(job("ext", "p", tmp_path / "e.jsonl", environment={"type": "external"},
-                          tasks=inline))  # fmt: skip
-
-        async def failed() -> dict[str, Any] | None:
-            body = await c.get("rolloutjobs", "ext")
-            return body if (body or {}).get("status", {}).get("phase") == "Failed" else None
-
-        body = await wait_for(failed, 60, "the external job to fail validation")
-        valid = _condition(body, "Valid")
-        assert valid is not None and valid["reason"] == "InvalidSpec"
-        assert "run the job with `heddle run`" in valid["message"]
-        assert not (tmp_path / "e.jsonl").exists()
-
-
 async def test_spec_change_rolls_pods_one_at_a_time(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -16,6 +16,8 @@ from heddle.operator._session_builders import (
     LABEL_JOB,
     SESSION_ACCOUNT,
     SessionPodOptions,
+    gateway_objects,
+    gateway_url,
     session_pod,
     session_rbac,
 )
@@ -131,3 +133,28 @@ def test_the_session_role_grants_what_a_session_does_and_no_secrets() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": SESSION_ACCOUNT, "namespace": "rl"}
     ]
+
+
+def test_an_external_job_gets_its_gateways_secret_service_and_port() -> None:
+    body = copy.deepcopy(JOB)
+    body["spec"]["environment"] = {"type": "external"}
+    body["spec"]["tasks"] = {"inline": [{"prompt": "x"}]}
+    job = RolloutJobSpec.from_manifest(body)
+    pod = session_pod(job, body, SessionPodOptions())
+    (container,) = pod["spec"]["containers"]
+    assert container["command"][-4:] == ["--gateway-host", "0.0.0.0", "--gateway-port", "8080"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HEDDLE_GATEWAY_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "j-gateway-token", "key": "token",
+    }  # fmt: skip
+    assert {"name": "gateway", "containerPort": 8080} in container["ports"]
+    objects = dict(gateway_objects(job, body, "s3cret"))
+    secret, service = objects["secrets"], objects["services"]
+    assert secret["metadata"]["name"] == "j-gateway-token"
+    assert secret["metadata"]["ownerReferences"][0]["name"] == "j"
+    assert service["metadata"]["name"] == "j-gateway"
+    assert service["spec"]["selector"] == {LABEL_JOB: "j"}
+    assert gateway_url(job) == "http://j-gateway.rl.svc:8080/v1"
+    # Not external: no gateway arguments, token or port.
+    plain = _pod()["spec"]["containers"][0]
+    assert "--gateway-port" not in plain["command"] and "ports" not in plain

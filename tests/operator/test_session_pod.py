@@ -8,10 +8,12 @@ writes status over HTTP, as it would in a cluster.
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from .._rollout_fixtures import assert_exactly_once, read_records
@@ -227,3 +229,56 @@ async def test_the_sessions_planned_shape_reshapes_the_pool_through_status(
         assert obj["status"]["phase"] == "Succeeded", obj["status"]
         assert_exactly_once(read_records(out), KEYS)
         assert max(c.kubelet.budget_log) <= 4, c.kubelet.budget_log
+
+
+async def test_an_external_job_serves_its_gateway_from_the_session_pod(tmp_path: Path) -> None:
+    out = tmp_path / "ext.jsonl"
+    inline = {"inline": [{"id": "a", "prompt": "say hi"}, {"id": "b", "prompt": "say bye"}]}
+    async with cluster(tmp_path) as c:
+        await c.apply(pool("p", 1, [{"tp": 1, "replicas": 1}]))
+        environment = {"type": "external", "external": {"idleTimeoutSeconds": 60}}
+        sampling = {"maxTokensPerTurn": 8, "maxTotalTokens": 64}
+        await c.apply(job("ext", "p", out, environment=environment, tasks=inline,
+                          samplesPerTask=2, sampling=sampling))  # fmt: skip
+        service = await wait_for(lambda: c.get("services", "ext-gateway"), 60, "the Service")
+        assert service["spec"]["selector"] == {SESSION_LABEL: "ext"}
+        secret = await c.get("secrets", "ext-gateway-token")
+        assert secret is not None and secret["metadata"]["ownerReferences"][0]["name"] == "ext"
+        token = base64.b64decode(secret["data"]["token"]).decode()
+
+        async def running() -> dict[str, Any] | None:
+            status = (await c.get("rolloutjobs", "ext") or {}).get("status") or {}
+            return status if status.get("gatewayURL") else None
+
+        status = await wait_for(running, 120, "the gateway served")
+        assert status["gatewayURL"] == "http://ext-gateway.default.svc:8080/v1"
+        # No cluster DNS here: the session pod's address stands in for its Service.
+        (pod,) = await _session_pods(c, "ext")
+        base = f"http://{pod['status']['podIP']}:8080/v1"
+        auth = {"Authorization": f"Bearer {token}"}
+        async with httpx.AsyncClient(timeout=30) as http:
+            assert (await http.post(f"{base}/episodes")).status_code == 401
+            while True:
+                episode = (await http.post(f"{base}/episodes", headers=auth)).json()
+                if episode["id"] is None:
+                    if episode["remaining"] == 0:
+                        break
+                    await asyncio.sleep(0.2)
+                    continue
+                messages = [{"role": "user",
+                             "content": episode["task"]["messages"][0]["content"]}]  # fmt: skip
+                reply = await http.post(
+                    f"{base}/chat/completions",
+                    headers={**auth, "X-Heddle-Trajectory": episode["id"]},
+                    json={"model": episode["model"], "messages": messages, "max_tokens": 4},
+                )
+                assert reply.status_code == 200, reply.text
+                ended = await http.post(
+                    f"{base}/episodes/{episode['id']}/end", headers=auth, json={"reward": 1.0}
+                )
+                assert ended.status_code == 200, ended.text
+        obj = await _finished(c, "ext")
+        assert obj["status"]["phase"] == "Succeeded", obj["status"]
+        records = read_records(out)
+        assert_exactly_once(records, {(t, s) for t in ("a", "b") for s in range(2)})
+        assert {r["reward"] for r in records} == {1.0}
