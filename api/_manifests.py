@@ -33,6 +33,7 @@ __all__ = [
     "ExternalSpec",
     "RolloutJobSpec",
     "SamplingSpec",
+    "SessionPodSpec",
     "SyntheticSpec",
     "ToolEndpointSpec",
     "ToolsSpec",
@@ -398,6 +399,66 @@ def _weights(w: Fields) -> WeightsSpec:
 
 
 @dataclass(frozen=True)
+class SessionPodSpec:
+    """``spec.session``: the session pod's template (its volumes hold the job's files)."""
+
+    image: str | None = None  # None: the operator's own image
+    service_account_name: str | None = None  # None: heddle-session, made by the operator
+    volumes: tuple[Mapping[str, Any], ...] = ()
+    volume_mounts: tuple[Mapping[str, Any], ...] = ()
+    resources: Mapping[str, Any] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+
+
+def _named_list(f: Fields, key: str, needs: tuple[str, ...]) -> tuple[Mapping[str, Any], ...]:
+    """A list of mappings, each with the fields ``needs`` names (a volume's name, ...)."""
+    entries = f.listing(key)
+    for i, entry in enumerate(entries):
+        where = f"{f.where(key)}[{i}]"
+        if not isinstance(entry, Mapping):
+            raise ManifestError(f"{where}={entry!r} must be a mapping")
+        for k in needs:
+            if not isinstance(entry.get(k), str) or not entry[k]:
+                raise ManifestError(f"{where} needs {k} (a non-empty string)")
+    return tuple(dict(e) for e in entries)
+
+
+def _session_pod(f: Fields) -> SessionPodSpec:
+    image = f.optional_string("image")
+    account = f.optional_string("serviceAccountName")
+    volumes = _named_list(f, "volumes", ("name",))
+    mounts = _named_list(f, "volumeMounts", ("name", "mountPath"))
+    names = {str(v["name"]) for v in volumes}
+    for i, m in enumerate(mounts):
+        if m["name"] not in names:
+            raise ManifestError(
+                f"{f.where('volumeMounts')}[{i}] mounts volume {m['name']!r}, which "
+                f"{f.where('volumes')} does not define; known: {sorted(names)}"
+            )
+    resources = f.raw("resources", {})
+    if not isinstance(resources, Mapping):
+        raise ManifestError(f"{f.where('resources')} must be a mapping (requests, limits)")
+    for part, values in resources.items():
+        if part not in ("requests", "limits") or not isinstance(values, Mapping):
+            raise ManifestError(
+                f"{f.where('resources')}.{part} is not one of requests, limits (a mapping each)"
+            )
+        for k, v in values.items():
+            check_quantity(v, f"{f.where('resources')}.{part}.{k}")
+    selector = f.raw("nodeSelector", {})
+    if not isinstance(selector, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in selector.items()
+    ):
+        raise ManifestError(f"{f.where('nodeSelector')} must map label names to strings")
+    tolerations = _named_list(f, "tolerations", ())
+    f.done()
+    return SessionPodSpec(
+        image, account, volumes, mounts, dict(resources), dict(selector), tolerations
+    )
+
+
+@dataclass(frozen=True)
 class RolloutJobSpec:
     name: str
     namespace: str
@@ -412,6 +473,7 @@ class RolloutJobSpec:
     output_path: str
     deadline_s: float | None
     weights: WeightsSpec | None = None
+    session: SessionPodSpec = field(default_factory=SessionPodSpec)
 
     @classmethod
     def from_manifest(cls, doc: Mapping[str, Any]) -> RolloutJobSpec:
@@ -451,6 +513,7 @@ class RolloutJobSpec:
             output_path=output_path,
             deadline_s=deadline,
             weights=_weights(f.sub("weights")) if f.has("weights") else None,
+            session=_session_pod(f.sub("session")),
         )
         f.done()
         return spec

@@ -18,6 +18,7 @@ __all__ = [
     "ENGINEPOOL_PLURAL",
     "FINALIZER",
     "GROUP",
+    "LABEL_JOB",
     "LABEL_POOL",
     "LABEL_TP",
     "ROLLOUTJOB_KIND",
@@ -37,6 +38,8 @@ ROLLOUTJOB_KIND, ROLLOUTJOB_PLURAL = "RolloutJob", "rolloutjobs"
 # On worker pods (and the pool's Service selector).
 LABEL_POOL = f"{GROUP}/pool"
 LABEL_TP = f"{GROUP}/tp"
+# On a job's session pod and its gateway Service.
+LABEL_JOB = f"{GROUP}/job"
 # On worker pods: the spec they were built from, and the drain the operator started.
 ANNOTATION_SPEC_HASH = f"{GROUP}/spec-hash"
 ANNOTATION_DRAINING = f"{GROUP}/draining"

@@ -71,6 +71,11 @@ class HostAllowList:
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> HostAllowList | None:
         return cls.parse(environ.get(ALLOWED_HOSTS_ENV, ""))
 
+    def text(self) -> str:
+        """The list as :meth:`parse` reads it (passed on to session pods)."""
+        entries = [*sorted(self.names), *(f"*{s}" for s in self.suffixes)]
+        return ",".join([*entries, *(str(n) for n in self.networks)])
+
     def allows(self, host: str) -> bool:
         host = host.lower().rstrip(".")
         try:

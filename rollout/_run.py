@@ -37,6 +37,7 @@ from heddle.scheduler import (
     make_predictor,
 )
 from heddle.scheduler.sim import SimulatedShapePlanner
+from heddle.worker import WorkerEndpoint
 
 from ._environments import Environment, SyntheticEnvironment, synthetic_tasks
 from ._external import ExternalEnvironment
@@ -57,11 +58,14 @@ __all__ = [
     "LocalJob",
     "PoolPlan",
     "ProgressPrinter",
+    "build_session",
     "gateway_file",
     "job_workload",
     "perf_model_for",
     "prepare_job",
     "prepare_manifests",
+    "read_job_tasks",
+    "resolve_job",
     "run_local",
 ]
 
@@ -144,18 +148,38 @@ def prepare_manifests(
     pool = EnginePoolSpec.from_manifest(
         _pick(pool_docs, "EnginePool", job.engine_pool, str(sources[1]))
     )
-    workload = job_workload(job, lambda name: base / name)  # an absolute name stays as it is
-    if job.tasks.inline is not None:
-        tasks = read_tasks(inline=job.tasks.inline)
-    elif job.tasks.path is not None:
-        path = Path(job.tasks.path)
-        tasks = read_tasks(path=path if path.is_absolute() else base / path)
-    elif job.tasks.config_map is not None:
+    if job.tasks.config_map is not None:
         raise ManifestError(
             f"RolloutJob {job.name!r}: tasks.configMap needs the operator on a cluster; "
             "locally, use tasks.path (a JSONL file) or tasks.inline"
         )
-    else:
+    return resolve_job(job, pool, None, base)
+
+
+def read_job_tasks(job: RolloutJobSpec, base: Path) -> TaskSet | None:
+    """The job's inline or JSONL tasks (relative paths against ``base``); None: neither."""
+    if job.tasks.inline is not None:
+        return read_tasks(inline=job.tasks.inline)
+    if job.tasks.path is not None:
+        path = Path(job.tasks.path)
+        return read_tasks(path=path if path.is_absolute() else base / path)
+    return None
+
+
+def resolve_job(
+    job: RolloutJobSpec, pool: EnginePoolSpec, tasks: TaskSet | None, base: Path
+) -> LocalJob:
+    """Everything a session needs from a job and its pool, wherever it runs.
+
+    ``tasks`` None: the job's inline or JSONL tasks, else the synthetic workload's
+    prompts. Relative paths (tasks, workload file, output, checkpoint) resolve
+    against ``base``: the job file's folder for ``heddle run``, the session pod's
+    working folder on a cluster.
+    """
+    workload = job_workload(job, lambda name: base / name)  # an absolute name stays as it is
+    if tasks is None:
+        tasks = read_job_tasks(job, base)
+    if tasks is None or (not tasks.tasks and workload is not None):
         assert workload is not None  # the manifest parser allows no tasks only for synthetic
         check_trajectories(workload.prompts, job.samples_per_task, f"RolloutJob {job.name!r}")
         tasks = TaskSet(
@@ -374,8 +398,6 @@ async def run_local(
     An ``external`` job serves its gateway meanwhile: ``on_gateway(url, token)``
     hears where, and ``OUTPUT.gateway.json`` (readable by its owner only) says it too.
     """
-    for error in local.tasks.errors:
-        log.warning("skipping a malformed task: %s", error)
     perf = perf_model_for(local.pool)
     plan = plan_pool(local, perf)
     shape = plan.shape
@@ -392,24 +414,16 @@ async def run_local(
             served = await _serve_gateway(local, environment, gateway or GatewayOptions())
             if on_gateway is not None:
                 on_gateway(served.url, environment.token)
-        session = RolloutSession(
-            job=local.job.name,
-            tasks=local.tasks.tasks,
-            samples_per_task=local.job.samples_per_task,
-            environment=environment,
-            workers=workers,
-            sink=sink,
+        session = build_session(
+            local,
+            workers,
+            sink,
+            plan=plan,
             perf=perf,
-            sampling=local.job.sampling,
-            max_turns=local.job.max_turns,
-            policy=plan.policy,
-            deadline_s=local.job.deadline_s,
-            malformed_tasks=len(local.tasks.errors),
-            config=session_config or SessionConfig(replan_interval_s=local.job.replan_interval_s),
+            environment=environment,
+            config=session_config,
             on_progress=on_progress,
             metrics=metrics,
-            weights=local.job.weights,
-            max_trajectories_in_flight=plan.max_trajectories_in_flight,
         )
         result = await session.run()
         session_ended = True
@@ -429,6 +443,45 @@ async def run_local(
     except OSError as exc:
         raise OutputError(f"cannot write the summary {summary_path}: {exc.strerror}") from exc
     return summary, result
+
+
+def build_session(
+    local: LocalJob,
+    workers: Sequence[WorkerEndpoint],
+    sink: OutputSink,
+    *,
+    plan: PoolPlan,
+    perf: PerfModel,
+    environment: Environment | None = None,
+    config: SessionConfig | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+    metrics: SessionMetrics | None = None,
+    weight_versions: dict[str, str] | None = None,
+) -> RolloutSession:
+    """The one way from (job, pool, tasks, workers) to a session: ``heddle run``, the
+    session pod (``heddle session``) and the benchmarks all build it here."""
+    for error in local.tasks.errors:
+        log.warning("skipping a malformed task: %s", error)
+    return RolloutSession(
+        job=local.job.name,
+        tasks=local.tasks.tasks,
+        samples_per_task=local.job.samples_per_task,
+        environment=environment if environment is not None else build_environment(local),
+        workers=workers,
+        sink=sink,
+        perf=perf,
+        sampling=local.job.sampling,
+        max_turns=local.job.max_turns,
+        policy=plan.policy,
+        deadline_s=local.job.deadline_s,
+        malformed_tasks=len(local.tasks.errors),
+        config=config or SessionConfig(replan_interval_s=local.job.replan_interval_s),
+        on_progress=on_progress,
+        metrics=metrics,
+        weights=local.job.weights,
+        weight_versions=weight_versions,
+        max_trajectories_in_flight=plan.max_trajectories_in_flight,
+    )
 
 
 def gateway_file(output: Path) -> Path:

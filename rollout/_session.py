@@ -244,6 +244,10 @@ class RolloutSession:
         self._endpoints.pop(name, None)
         self._draining.discard(name)
 
+    def drained(self) -> list[str]:
+        """Draining workers this session no longer uses and holds no trajectory on."""
+        return sorted(n for n in self._draining if self.resident_on(n) == 0)
+
     def resident_on(self, name: str) -> int:
         """Unfinished trajectories whose context lives on ``name``, or with a step there."""
         held = sum(1 for r in self.runs.values() if r.resident == name and r.status == "running")

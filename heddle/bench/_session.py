@@ -23,31 +23,44 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from heddle.api import SamplingSpec
+from heddle.api._manifests import (
+    EnginePoolSpec,
+    EnvironmentSpec,
+    RolloutJobSpec,
+    SamplingSpec,
+    SyntheticSpec,
+    TasksSpec,
+)
 from heddle.rollout import (
+    LocalJob,
     LocalPool,
     LocalWorkerOptions,
     OutputSink,
-    RolloutSession,
+    PoolPlan,
     SessionConfig,
     SessionMetrics,
     SessionResult,
     SyntheticEnvironment,
     Task,
+    TaskSet,
+    build_session,
     perf_model_for,
     synthetic_tasks,
 )
-from heddle.scheduler import PerfModel, WorkloadSpec
+from heddle.scheduler import PerfModel, PoolShape, WorkloadSpec
 from heddle.worker import WorkerEndpoint
 
 __all__ = ["bench_control_loop", "bench_engines", "plot_engines", "run_session_bench"]
 
 
-def _pool_spec_perf() -> Any:
-    from heddle.api._manifests import EnginePoolSpec, VLLMSpec  # noqa: PLC0415
+def _pool_spec() -> EnginePoolSpec:
+    from heddle.api._manifests import VLLMSpec  # noqa: PLC0415
 
-    spec = EnginePoolSpec("bench", "default", "tiny", "", 2, 2, (1, 2), None, VLLMSpec())
-    return perf_model_for(spec)
+    return EnginePoolSpec("bench", "default", "tiny", "", 2, 2, (1, 2), None, VLLMSpec())
+
+
+def _pool_spec_perf() -> Any:
+    return perf_model_for(_pool_spec())
 
 
 async def _one_run(
@@ -68,19 +81,34 @@ async def _one_run(
     env = SyntheticEnvironment(
         workload, len(tasks), samples, seed=seed, tool_time_scale=tool_time_scale
     )
-    session = RolloutSession(
-        job=job,
-        tasks=tasks,
+    # The job as a RolloutJob would give it, so the session is built by the one path
+    # heddle run and session pods use (build_session).
+    spec = RolloutJobSpec(
+        name=job,
+        namespace="default",
+        engine_pool="bench",
+        tasks=TasksSpec(),
         samples_per_task=samples,
-        environment=env,
-        workers=workers,
-        sink=OutputSink(output, fsync_interval_s=5.0),
-        perf=perf if perf is not None else _pool_spec_perf(),
         sampling=SamplingSpec(
             max_tokens_per_turn=max_total_tokens, max_total_tokens=max_total_tokens
         ),
+        environment=EnvironmentSpec(
+            "synthetic", synthetic=SyntheticSpec(workload.name, seed, tool_time_scale)
+        ),
         max_turns=workload.max_turns,
         policy=policy,
+        replan_interval_s=config.replan_interval_s,
+        output_path=str(output),
+        deadline_s=None,
+    )
+    local = LocalJob(spec, _pool_spec(), TaskSet(tasks, []), workload, output, output.parent)
+    session = build_session(
+        local,
+        workers,
+        OutputSink(output, fsync_interval_s=5.0),
+        plan=PoolPlan(PoolShape.of([w.tp for w in workers]), policy),
+        perf=perf if perf is not None else _pool_spec_perf(),
+        environment=env,
         config=config,
         metrics=SessionMetrics(),
     )

@@ -19,6 +19,7 @@ from heddle.worker import add_worker_arguments
 
 from ._export import add_export_parser
 from ._run import add_operator_parser, add_run_parser
+from ._session import add_session_parser
 
 __all__ = ["main"]
 
@@ -372,6 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_run_parser(sub)
     add_operator_parser(sub)
+    add_session_parser(sub)
 
     p_doctor = sub.add_parser(
         "doctor",

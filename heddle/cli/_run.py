@@ -192,6 +192,8 @@ def _cmd_operator(args: argparse.Namespace) -> int:
             else HostAllowList.from_env()
         ),
         data_root=Path(args.data_root),
+        **({"session_image": args.session_image} if args.session_image else {}),
+        session_metrics_port=args.session_metrics_port,
     )
     asyncio.run(run_operator(config))
     return 0
@@ -230,8 +232,20 @@ def add_operator_parser(sub: Any) -> None:
     p.add_argument(
         "--data-root",
         default=str(DATA_ROOT),
-        help="folder every path a RolloutJob names must lie in (tasks, workload, output); "
-        "relative paths resolve inside it (default: %(default)s)",
+        help="session pods' folder: a RolloutJob's relative paths (tasks, workload, output) "
+        "resolve inside it, on the pod's volumes (default: %(default)s)",
+    )
+    p.add_argument(
+        "--session-image",
+        default=os.environ.get("HEDDLE_SESSION_IMAGE") or None,
+        help="image of session pods without spec.session.image (default: "
+        "$HEDDLE_SESSION_IMAGE, which the chart sets to the operator's own image)",
+    )
+    p.add_argument(
+        "--session-metrics-port",
+        type=int,
+        default=9090,
+        help="Prometheus port of each session pod; 0: off",
     )
     p.add_argument("--api-server", default=None, help="API server URL without auth (tests)")
     p.add_argument(

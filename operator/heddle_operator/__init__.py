@@ -18,9 +18,16 @@ from ._builders import (
     spec_hash,
     worker_pod,
 )
+from ._job_status import (
+    FINISHED,
+    JobStatus,
+    progress_fields,
+)
 from ._jobs import (
     JobContext,
+    delete_session_pods,
     run_job,
+    session_pods,
 )
 from ._kube import (
     ApiError,
@@ -45,6 +52,23 @@ from ._reconcile import (
     PoolActions,
     plan_pool,
 )
+from ._session_builders import (
+    GATEWAY_PORT,
+    SESSION_ACCOUNT,
+    SESSION_CONFIG_ENV,
+    SessionPodOptions,
+    gateway_objects,
+    gateway_secret_name,
+    gateway_url,
+    session_pod,
+    session_rbac,
+)
+from ._session_pod import (
+    SESSION_RETRY,
+    SessionPodConfig,
+    ready_workers,
+    run_session_pod,
+)
 from ._tokens import (
     TOKEN_KEY,
     TokenState,
@@ -57,11 +81,17 @@ from ._tokens import (
 )
 
 __all__ = [
+    "FINISHED",
+    "GATEWAY_PORT",
     "MAX_CONDITION_MESSAGE",
+    "SESSION_ACCOUNT",
+    "SESSION_CONFIG_ENV",
+    "SESSION_RETRY",
     "TOKEN_KEY",
     "WORKER_PORT",
     "ApiError",
     "JobContext",
+    "JobStatus",
     "KubeClient",
     "OperatorConfig",
     "OwnWrites",
@@ -70,21 +100,33 @@ __all__ = [
     "PoolRuntime",
     "Resource",
     "RetryPolicy",
+    "SessionPodConfig",
+    "SessionPodOptions",
     "TokenState",
     "baseline_shape",
     "build_registry",
     "condition",
+    "delete_session_pods",
     "ensure_worker_token",
+    "gateway_objects",
+    "gateway_secret_name",
+    "gateway_url",
     "headless_service",
     "instance_name",
     "load_configuration",
     "merge_conditions",
     "plan_pool",
     "pod_phase",
+    "progress_fields",
     "read_worker_token",
+    "ready_workers",
     "reconcile_pool",
     "run_job",
     "run_operator",
+    "run_session_pod",
+    "session_pod",
+    "session_pods",
+    "session_rbac",
     "shape_entries",
     "spec_hash",
     "token_digest",

@@ -21,16 +21,15 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
-from heddle.api._names import ENGINEPOOL_PLURAL, FINALIZER, GROUP, ROLLOUTJOB_PLURAL, VERSION
-from heddle.rollout._hosts import HostAllowList
-from heddle.rollout._paths import DATA_ROOT
-from heddle.rollout._progress import SessionMetrics
-from heddle.rollout._session import SessionConfig
+from heddle.api import ENGINEPOOL_PLURAL, FINALIZER, GROUP, ROLLOUTJOB_PLURAL, VERSION
+from heddle.rollout import DATA_ROOT, HostAllowList, SessionConfig
+from heddle.scheduler import PoolShape
 
 from ._builders import LABEL_POOL
-from ._jobs import JobContext, run_job
+from ._jobs import JobContext, delete_session_pods, run_job
 from ._kube import KubeClient
 from ._pools import PoolRuntime, reconcile_pool
+from ._session_builders import DEFAULT_SESSION_IMAGE, SessionPodOptions
 
 __all__ = ["OperatorConfig", "build_registry", "run_operator"]
 
@@ -49,22 +48,23 @@ class OperatorConfig:
     metrics_port: int | None = 9090  # Prometheus /metrics of the operator; None: off
     liveness_endpoint: str | None = None  # e.g. http://0.0.0.0:8080/healthz (kopf's probe)
     scan_cluster: bool = True  # let kopf watch namespaces and CRDs appear (needs list RBAC)
-    data_root: Path = DATA_ROOT  # every path a RolloutJob names must lie under it
-    session: SessionConfig = field(default_factory=SessionConfig)
+    data_root: Path = DATA_ROOT  # session pods' folder: a job's relative paths resolve in it
+    session: SessionConfig = field(default_factory=SessionConfig)  # passed to session pods
     tool_hosts: HostAllowList | None = None  # where tool calls may go; None: anywhere
+    session_image: str = DEFAULT_SESSION_IMAGE  # session pods' image (the operator's own)
+    session_metrics_port: int = 9090  # each session pod's Prometheus port; 0: off
+    job_poll_s: float = 1.0  # how often a job's daemon looks at its session pod
 
 
 @dataclass
 class _State:
     config: OperatorConfig
     registry: CollectorRegistry
-    metrics: SessionMetrics
     reconcile_errors: Counter
     reshapes: Counter
     kube: KubeClient | None = None
     info: Any = None
     pools: dict[tuple[str, str], PoolRuntime] = field(default_factory=dict)
-    sessions: dict[tuple[str, str], Any] = field(default_factory=dict)
 
     def client(self) -> KubeClient:
         if self.kube is None:
@@ -81,7 +81,6 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
     state = _State(
         config,
         metrics_registry,
-        SessionMetrics(metrics_registry),
         Counter(
             "heddle_operator_reconcile_errors",
             "failed reconcile rounds",
@@ -139,6 +138,15 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
         # Worker pods by pool, kept current by kopf's watch: no LIST of pods per round.
         return {(namespace or "default", labels[LABEL_POOL]): copy.deepcopy(dict(body))}
 
+    @kopf.index(GROUP, VERSION, ROLLOUTJOB_PLURAL, id="pool_jobs", registry=registry)
+    def pool_jobs(
+        body: kopf.Body, name: str, namespace: str | None, **_: Any
+    ) -> dict[tuple[str, str], dict[str, Any]]:
+        # What each job's session publishes, by pool, kept current by kopf's watch.
+        status = dict(body.get("status") or {})
+        pool = str((body.get("spec") or {}).get("enginePool", ""))
+        return {(namespace or "default", pool): {"name": name, **copy.deepcopy(status)}}
+
     @kopf.daemon(GROUP, VERSION, ENGINEPOOL_PLURAL, registry=registry, cancellation_timeout=10)
     async def pool_daemon(
         body: kopf.Body,
@@ -146,13 +154,14 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
         namespace: str | None,
         stopped: kopf.DaemonStopped,
         pool_pods: kopf.Index[tuple[str, str], dict[str, Any]] | None = None,  # kopf passes it
+        pool_jobs: kopf.Index[tuple[str, str], dict[str, Any]] | None = None,
         **_: Any,
     ) -> None:
         namespace = namespace or "default"
         runtime = state.pools.setdefault((namespace, name), PoolRuntime())
         while not stopped:
-            session = state.sessions.get((namespace, name))
-            resident = _Resident(session)
+            jobs = [] if pool_jobs is None else list(pool_jobs.get((namespace, name), []))
+            resident = _follow_session(runtime, jobs)
             before = runtime.reshapes
             try:
                 await reconcile_pool(
@@ -174,35 +183,52 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
 
     @kopf.daemon(GROUP, VERSION, ROLLOUTJOB_PLURAL, registry=registry, cancellation_timeout=30)
     async def job_daemon(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
-        ctx = JobContext(
-            state.client(),
-            state.pools,
-            state.sessions,
-            state.metrics,
-            config.session,
-            data_root=config.data_root,
+        options = SessionPodOptions(
+            image=config.session_image,
+            base_dir=config.data_root,
             status_interval_s=config.status_interval_s,
+            metrics_port=config.session_metrics_port,
+            session=config.session,
             tool_hosts=config.tool_hosts,
         )
+        ctx = JobContext(state.client(), options, config.status_interval_s, config.job_poll_s)
         await run_job(ctx, body, lambda: bool(stopped), stopped.wait)
         # A finished job's daemon idles until the job goes, so kopf does not restart it.
         while not stopped:
             await stopped.wait(3600)
 
+    @kopf.on.delete(GROUP, VERSION, "rolloutjobs", registry=registry, optional=True)
+    async def job_deleted(name: str, namespace: str | None, **_: Any) -> None:
+        # Owner references take the pod too where a garbage collector runs; this does it
+        # at once, and on servers without one.
+        gone = await delete_session_pods(state.client(), namespace or "default", name)
+        if gone:
+            log.info("RolloutJob %s/%s deleted: deleted its session pods %s",
+                     namespace, name, gone)  # fmt: skip
+
     return registry, state
 
 
-class _Resident(dict[str, int]):
-    """Per-instance count of unfinished trajectories, asked of the running session lazily."""
-
-    def __init__(self, session: Any) -> None:
-        super().__init__()
-        self.session = session
-
-    def get(self, key: str, default: int | None = 0) -> int:  # type: ignore[override]
-        if self.session is None:
-            return 0
-        return int(self.session.resident_on(key))
+def _follow_session(runtime: PoolRuntime, jobs: list[dict[str, Any]]) -> dict[str, int]:
+    """Take what the pool's running job published: its planned shape, the checkpoint
+    version per instance, and per instance whether trajectories may still live there
+    (0: the session emptied it, or never used it; a draining instance may go)."""
+    running = [j for j in jobs if j.get("phase") == "Running"]
+    for job in sorted(jobs, key=lambda j: str(j.get("startTime", ""))):  # the latest wins
+        runtime.weight_versions.update(
+            {str(k): str(v) for k, v in (job.get("weightVersions") or {}).items()}
+        )
+    if not running:
+        return {}
+    job = running[0]
+    entries = job.get("plannedShape")
+    if entries:
+        runtime.planned = PoolShape.of({int(e["tp"]): int(e["replicas"]) for e in entries})
+    drained = set(job.get("drained") or [])
+    return {
+        str(name): (0 if name in drained else max(1, int(count)))
+        for name, count in (job.get("resident") or {}).items()
+    }
 
 
 async def run_operator(

@@ -94,7 +94,7 @@ class OwnWrites:
 class PoolRuntime:
     """What the operator remembers about a pool between rounds (lost on restart: fine)."""
 
-    planned: PoolShape | None = None  # set by the running job's shape planner (no pinned shape)
+    planned: PoolShape | None = None  # the running job's planned shape (its status.plannedShape)
     last_status: dict[str, Any] = field(default_factory=dict)
     reshapes: int = 0
     weight_versions: dict[str, str] = field(default_factory=dict)  # instance -> version (jobs)
@@ -112,8 +112,13 @@ def baseline_shape(pool: EnginePoolSpec) -> PoolShape:
 def desired_shape(pool: EnginePoolSpec, runtime: PoolRuntime) -> tuple[PoolShape, str]:
     if pool.shape is not None:
         return pool.shape, "pinned"
-    if runtime.planned is not None:
-        return runtime.planned, "planned"
+    planned = runtime.planned
+    if (
+        planned is not None
+        and planned.gpus <= pool.gpus
+        and all(tp in pool.tensor_parallel_sizes for tp, _ in planned.counts)
+    ):  # what a session published: only a shape the pool's spec allows
+        return planned, "planned"
     return baseline_shape(pool), "baseline"
 
 

@@ -136,6 +136,51 @@ def test_bad_job_fields_are_named(path: str, value: Any, message: str) -> None:
     assert "RolloutJob 'j' spec" in str(err.value) or "RolloutJob" in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("session", "message"),
+    [
+        ({"volumeMounts": [{"name": "x", "mountPath": "/data"}]},
+         "spec.session.volumeMounts[0] mounts volume 'x', which "
+         "RolloutJob 'j' spec.session.volumes "
+         "does not define; known: []"),
+        ({"volumes": [{"emptyDir": {}}]}, "spec.session.volumes[0] needs name"),
+        ({"volumes": ["data"]}, "spec.session.volumes[0]='data' must be a mapping"),
+        ({"volumeMounts": [{"name": "x"}]}, "spec.session.volumeMounts[0] needs mountPath"),
+        ({"resources": {"limits": {"memory": "lots"}}}, "spec.session.resources.limits.memory"),
+        ({"resources": {"maximum": {}}}, "is not one of requests, limits"),
+        ({"nodeSelector": {"zone": 1}}, "spec.session.nodeSelector must map label names"),
+        ({"image": ""}, "spec.session.image"),
+        ({"volume": []}, "spec.session has unknown field(s) ['volume']"),
+        ("pod", "spec.session"),
+    ],
+)  # fmt: skip
+def test_a_bad_session_block_is_one_sentence(session: Any, message: str) -> None:
+    with pytest.raises(ManifestError) as err:
+        RolloutJobSpec.from_manifest(_with(JOB, "spec.session", session))
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_the_session_block_is_parsed() -> None:
+    session = {
+        "image": "registry/heddle:1",
+        "serviceAccountName": "mine",
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "rl"}}],
+        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "8Gi"}},
+        "nodeSelector": {"pool": "cpu"},
+        "tolerations": [{"key": "rl", "operator": "Exists"}],
+    }
+    spec = RolloutJobSpec.from_manifest(_with(JOB, "spec.session", session)).session
+    assert spec.image == "registry/heddle:1" and spec.service_account_name == "mine"
+    assert spec.volumes[0]["persistentVolumeClaim"] == {"claimName": "rl"}
+    assert spec.volume_mounts == ({"name": "data", "mountPath": "/data"},)
+    assert spec.resources["limits"] == {"memory": "8Gi"}
+    assert spec.node_selector == {"pool": "cpu"} and len(spec.tolerations) == 1
+    default = RolloutJobSpec.from_manifest(JOB).session
+    assert default.image is None and default.volumes == () and default.resources == {}
+
+
 def test_sampling_at_its_limits_is_accepted() -> None:
     sampling = {"temperature": 2, "topP": 1, "maxTokensPerTurn": 64, "maxTotalTokens": 64}
     job = RolloutJobSpec.from_manifest(_with(JOB, "spec.sampling", {**sampling, "seed": 2**63 - 1}))

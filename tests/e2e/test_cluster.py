@@ -2,8 +2,9 @@
 GPU nodes, the worker image able to load the pool's model.
 
 Set ``HEDDLE_E2E_NAMESPACE`` (default ``heddle-e2e``, must exist), ``HEDDLE_E2E_MODEL``
-(default ``Qwen/Qwen3-0.6B``) and ``HEDDLE_E2E_OUTPUT`` (a path on a volume the operator
-mounts, default ``/data/heddle-e2e.jsonl``). Each test cleans up what it created.
+(default ``Qwen/Qwen3-0.6B``), ``HEDDLE_E2E_OUTPUT`` (default ``/data/heddle-e2e.jsonl``)
+and ``HEDDLE_E2E_CLAIM`` (a PersistentVolumeClaim of the namespace that the job's session
+pod mounts at ``/data``; unset: an emptyDir). Each test cleans up what it created.
 These are the scenarios of tests/operator/test_operator.py against the real API server.
 """
 
@@ -23,6 +24,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.anyio]
 NS = os.environ.get("HEDDLE_E2E_NAMESPACE", "heddle-e2e")
 MODEL = os.environ.get("HEDDLE_E2E_MODEL", "Qwen/Qwen3-0.6B")
 OUTPUT = os.environ.get("HEDDLE_E2E_OUTPUT", "/data/heddle-e2e.jsonl")
+CLAIM = os.environ.get("HEDDLE_E2E_CLAIM")
+SESSION = {  # the session pod's volume, where the output goes
+    "volumes": [
+        {"name": "data", **({"persistentVolumeClaim": {"claimName": CLAIM}} if CLAIM
+                            else {"emptyDir": {}})}
+    ],
+    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+}  # fmt: skip
 
 
 @pytest.fixture
@@ -95,6 +104,7 @@ async def test_pool_ready_and_job_succeeds(kube: KubeClient) -> None:
             "samplesPerTask": 4,
             "environment": {"type": "synthetic", "synthetic": {"workload": "quickstart"}},
             "output": {"path": OUTPUT},
+            "session": SESSION,
         },
     }
     await kube.create(ROLLOUTJOBS, NS, job)

@@ -47,14 +47,20 @@ import jsonschema
 import kmock
 import yaml
 
-from heddle.rollout._local import die_with_parent
-from heddle.worker._command import WorkerArgs, parse_worker_argv
+from heddle.api import LABEL_JOB  # a session pod: the kubelet runs `heddle session`
+from heddle.rollout import die_with_parent
+from heddle.worker import WorkerArgs, parse_worker_argv
 
 from ._crd_rules import rule_errors
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_HEADER = "X-Test-As-Admin"
-CORE = ("pods", "services", "configmaps", "events", "secrets")
+UNPULLABLE = "unpullable.invalid/"  # an image the test kubelet cannot pull (ErrImagePull)
+CORE = (
+    "pods", "services", "configmaps", "events", "secrets", "persistentvolumeclaims",
+    "serviceaccounts",
+)  # fmt: skip
+RBAC = ("roles", "rolebindings")
 
 
 def crd_schemas() -> dict[str, dict[str, Any]]:
@@ -112,11 +118,20 @@ class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
         self.resources["v1/namespaces"] = kmock.ResourceInfo(
             kind="Namespace", namespaced=False, verbs={"get", "list", "watch"}
         )
+        kinds = {"configmaps": "ConfigMap", "persistentvolumeclaims": "PersistentVolumeClaim",
+                 "serviceaccounts": "ServiceAccount", "roles": "Role",
+                 "rolebindings": "RoleBinding"}  # fmt: skip
         for plural in CORE:
             self.resources[f"v1/{plural}"] = kmock.ResourceInfo(
-                kind=plural[:-1].capitalize() if plural != "configmaps" else "ConfigMap",
+                kind=kinds.get(plural, plural[:-1].capitalize()),
                 namespaced=True,
                 subresources={"status"} if plural == "pods" else set(),
+                verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+            )
+        for plural in RBAC:
+            self.resources[f"rbac.authorization.k8s.io/v1/{plural}"] = kmock.ResourceInfo(
+                kind=kinds[plural],
+                namespaced=True,
                 verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
             )
 
@@ -275,6 +290,7 @@ class _Running:
     ip: str
     process: subprocess.Popen[bytes]
     uid: str = ""
+    job: str = ""  # a session pod's job; empty for a worker
 
 
 @dataclass
@@ -359,6 +375,9 @@ class Kubelet:
             # Deleted and created again under the same name between two polls: a new pod.
             self._kill(self.running.pop(name))
             run = None
+        if LABEL_JOB in (pod["metadata"].get("labels") or {}):
+            await self._tend_session(pod, run)
+            return
         if run is None:
             if status.get("phase") in ("Failed", "Succeeded"):
                 return
@@ -410,6 +429,84 @@ class Kubelet:
             max_model_len=65_536, grace_s=1.0,
         )  # fmt: skip
 
+    def kill_session(self, job: str) -> str:
+        """The session container of ``job`` dies (SIGKILL); returns its pod's name."""
+        for name, run in self.running.items():
+            if run.job == job and run.process.poll() is None:
+                self._kill(run)
+                return name
+        raise AssertionError(f"no running session pod of {job}")
+
+    async def _tend_session(self, pod: dict[str, Any], run: _Running | None) -> None:
+        """A session pod: ``heddle session`` as a process, with a kubeconfig for this server."""
+        name, status = pod["metadata"]["name"], pod.get("status") or {}
+        if run is not None:
+            code = run.process.poll()
+            if code is not None and status.get("phase") not in ("Failed", "Succeeded"):
+                phase = "Succeeded" if code == 0 else "Failed"
+                await self._status(name, {"phase": phase, "containerStatuses": [
+                    {"name": "session", "ready": False,
+                     "state": {"terminated": {"exitCode": code}}},
+                ]})  # fmt: skip
+            return
+        if status.get("phase") in ("Failed", "Succeeded"):
+            return
+        container = pod["spec"]["containers"][0]
+        if container["image"].startswith(UNPULLABLE):
+            await self._config_error(pod, f'failed to pull image "{container["image"]}": '
+                                     "not found", "ErrImagePull")  # fmt: skip
+            return
+        for volume in pod["spec"].get("volumes") or []:
+            claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            if claim is None:
+                continue
+            reply = await self._http.get(
+                f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims/{claim}"
+            )
+            if reply.status_code == 404:  # what the scheduler says of such a pod
+                message = f'persistentvolumeclaim "{claim}" not found'
+                if (status.get("conditions") or [{}])[0].get("message") != message:
+                    await self._status(name, {"phase": "Pending", "conditions": [
+                        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                         "message": message},
+                    ]})  # fmt: skip
+                return
+        env, problem = await self._env(pod)
+        if problem is not None:
+            await self._config_error(pod, problem)
+            return
+        env["KUBECONFIG"] = str(self._kubeconfig())
+        env["HEDDLE_LOG_LEVEL"] = "INFO"
+        # The pod's own address, as for workers: a gateway bound to 0.0.0.0 in the pod
+        # listens on its pod IP alone here, so two session pods never share a port.
+        ip = f"{self._subnet}.{next(self._ips)}"
+        command = [ip if a == "0.0.0.0" else a for a in container["command"][1:]]
+        log = (self.log_dir / f"{name}.log").open("ab")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "heddle", *command],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - no session outlives a killed test run
+        )  # fmt: skip
+        job = pod["metadata"]["labels"][LABEL_JOB]
+        self.running[name] = _Running(ip, process, pod["metadata"].get("uid", ""), job)
+        await self._status(name, {"phase": "Running", "podIP": ip, "conditions": [
+            {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"},
+        ], "containerStatuses": [
+            {"name": "session", "ready": True, "state": {"running": {}}},
+        ]})  # fmt: skip
+
+    def _kubeconfig(self) -> Path:
+        """A kubeconfig naming this server, as a session pod's credentials stand in for."""
+        path = self.log_dir / "kubeconfig.yaml"
+        if not path.exists():
+            path.write_text(yaml.safe_dump({
+                "apiVersion": "v1", "kind": "Config", "current-context": "test",
+                "clusters": [{"name": "test", "cluster": {"server": self.api}}],
+                "users": [{"name": "test", "user": {}}],
+                "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+            }))  # fmt: skip
+        return path
+
     async def _env(self, pod: dict[str, Any]) -> tuple[dict[str, str], str | None]:
         """The worker container's environment, or the kubelet's message for what is missing."""
         env = dict(os.environ)
@@ -438,14 +535,17 @@ class Kubelet:
             env[entry["name"]] = base64.b64decode(data[ref["key"]]).decode()
         return env, None
 
-    async def _config_error(self, pod: dict[str, Any], problem: str) -> None:
+    async def _config_error(
+        self, pod: dict[str, Any], problem: str, reason: str = "CreateContainerConfigError"
+    ) -> None:
         """What a kubelet reports for a container it cannot configure: waiting, and an Event."""
         name, uid = pod["metadata"]["name"], pod["metadata"].get("uid", "")
-        waiting = {"reason": "CreateContainerConfigError", "message": problem}
+        waiting = {"reason": reason, "message": problem}
         statuses = (pod.get("status") or {}).get("containerStatuses") or [{}]
         if (statuses[0].get("state") or {}).get("waiting") != waiting:
             await self._status(name, {"phase": "Pending", "containerStatuses": [
-                {"name": "worker", "ready": False, "state": {"waiting": waiting}},
+                {"name": pod["spec"]["containers"][0]["name"], "ready": False,
+                 "state": {"waiting": waiting}},
             ]})  # fmt: skip
         if (uid, problem) not in self._reported:
             self._reported.add((uid, problem))
@@ -467,4 +567,5 @@ class Kubelet:
 
 
 def _gpus(pod: dict[str, Any]) -> int:
-    return int(pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+    limits = (pod["spec"]["containers"][0].get("resources") or {}).get("limits") or {}
+    return int(limits.get("nvidia.com/gpu", 0))  # a session pod holds none

@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 import httpx
 import kmock
 
-from heddle.operator._operator import OperatorConfig, run_operator
-from heddle.rollout._session import SessionConfig
+from heddle.operator import OperatorConfig, run_operator
+from heddle.rollout import SessionConfig
 
 from ._cluster import ApiServer, Kubelet
 
@@ -27,6 +27,8 @@ FAST = OperatorConfig(
     drain_timeout_s=30.0,
     metrics_port=None,
     scan_cluster=False,  # the mock serves no namespace list
+    session_metrics_port=0,  # many session processes on one host: no fixed port
+    job_poll_s=0.3,
     session=SessionConfig(replan_interval_s=0.5, health_interval_s=0.3, unhealthy_after=2),
 )
 

@@ -6,10 +6,9 @@ from typing import Any
 
 import pytest
 
-from heddle.api._manifests import EnginePoolSpec
-from heddle.api._names import ANNOTATION_DRAINING, ANNOTATION_SPEC_HASH
+from heddle.api import ANNOTATION_DRAINING, ANNOTATION_SPEC_HASH, EnginePoolSpec
 from heddle.exceptions import ManifestError
-from heddle.operator._builders import (
+from heddle.operator import (
     MAX_CONDITION_MESSAGE,
     condition,
     headless_service,

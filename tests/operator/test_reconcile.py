@@ -5,8 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heddle.operator._pools import OwnWrites
-from heddle.operator._reconcile import PodView, plan_pool
+from heddle.operator import OwnWrites, PodView, plan_pool
 from heddle.scheduler import PoolShape
 
 

@@ -13,8 +13,7 @@ import httpx
 import pytest
 
 from heddle.exceptions import WorkerUnavailableError
-from heddle.worker._client import WorkerClient, WorkerEndpoint
-from heddle.worker._http import HttpPool
+from heddle.worker import HttpPool, WorkerClient, WorkerEndpoint
 
 from .._rollout_fixtures import assert_exactly_once, read_records, start_pool
 from ._cluster import ADMIN_HEADER

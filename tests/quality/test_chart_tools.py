@@ -26,7 +26,15 @@ import pytest
 import yaml
 
 from heddle.api import EnginePoolSpec, RolloutJobSpec
-from heddle.operator import WORKER_PORT, headless_service, instance_name, worker_pod
+from heddle.operator import (
+    WORKER_PORT,
+    SessionPodOptions,
+    headless_service,
+    instance_name,
+    session_pod,
+    session_rbac,
+    worker_pod,
+)
 from heddle.rollout import ALLOWED_HOSTS_ENV, HostAllowList
 
 from ._tree import ROOT
@@ -351,7 +359,11 @@ def test_worker_network_policy_admits_only_the_operator_and_the_named_scrapers()
         selected = spec["podSelector"]["matchLabels"]
         assert selected.items() <= worker["metadata"]["labels"].items()  # the operator's pods
         assert spec["policyTypes"] == ["Ingress"]
-        operator_rule, scrape_rule = spec["ingress"]
+        operator_rule, session_rule, scrape_rule = spec["ingress"]
+        # The job's session pods, in the pool's namespace (no namespaceSelector: the policy's).
+        assert session_rule["from"] == [
+            {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "heddle-session"}}}
+        ]
         (source,) = operator_rule["from"]
         assert source["namespaceSelector"]["matchLabels"] == {
             "kubernetes.io/metadata.name": NAMESPACE
@@ -359,17 +371,17 @@ def test_worker_network_policy_admits_only_the_operator_and_the_named_scrapers()
         assert source["podSelector"]["matchLabels"].items() <= (
             operator_pod["metadata"]["labels"].items()
         )
-        for rule in (operator_rule, scrape_rule):
+        for rule in (operator_rule, session_rule, scrape_rule):
             assert rule["ports"] == [{"port": WORKER_PORT, "protocol": "TCP"}]
         assert scrape_rule["from"] == [
             {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
         ]
-    # Without scrapers, only the operator's rule; turned off, none; cluster-wide with no
-    # namespaces listed, none (the chart cannot know where pools will be).
+    # Without scrapers, the operator's and the sessions' rules; turned off, none; cluster-wide
+    # with no namespaces listed, none (the chart cannot know where pools will be).
     (plain,) = [
         p for p in _worker_policies("watchNamespaces") if p["metadata"]["namespace"] == "rl"
     ]
-    assert len(plain["spec"]["ingress"]) == 1
+    assert len(plain["spec"]["ingress"]) == 2
     assert _worker_policies("no-workerNetworkPolicy") == []
     assert _worker_policies("defaults") == []
 
@@ -506,6 +518,25 @@ def worker_objects() -> list[dict[str, Any]]:
     ]
 
 
+def session_objects() -> list[dict[str, Any]]:
+    """A session Pod for the paper's coding job (as the API server names it), and the
+    ServiceAccount, Role and RoleBinding the operator makes for session pods."""
+    body = yaml.safe_load((ROOT / "examples" / "paper" / "job-coding.yaml").read_text())
+    body["metadata"]["uid"] = "0b6f4c1e-2d3a-4e5f-8a9b-1c2d3e4f5a6b"
+    job = RolloutJobSpec.from_manifest(body)
+    options = SessionPodOptions(image="ghcr.io/heddle-dev/heddle-operator:0.1.0", metrics_port=9090)
+    pod = session_pod(job, body, options)
+    pod["metadata"]["name"] = pod["metadata"]["generateName"] + "x7k2p"
+    return [pod, *(obj for _, obj in session_rbac(job.namespace))]
+
+
+def test_session_pod_and_its_rbac_are_valid_kubernetes() -> None:
+    objects = session_objects()
+    errors = [e for obj in objects for v in KUBE_VERSIONS for e in schema_errors(obj, v)]
+    assert errors == []
+    assert [o["kind"] for o in objects] == ["Pod", "ServiceAccount", "Role", "RoleBinding"]
+
+
 def test_worker_pod_and_service_are_valid_kubernetes() -> None:
     objects = worker_objects()
     errors = [e for obj in objects for v in KUBE_VERSIONS for e in schema_errors(obj, v)]
@@ -515,17 +546,22 @@ def test_worker_pod_and_service_are_valid_kubernetes() -> None:
 
 @pytest.fixture(scope="module")
 def checkov_findings(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
-    """scope ("chart" or "worker") -> ids of the checks that fail there; checkov runs once."""
+    """scope ("chart", "worker", "session") -> ids of the checks that fail there; checkov
+    runs once."""
     checkov = _checkov()
     root = tmp_path_factory.mktemp("checkov")
     (root / "chart").mkdir()
     (root / "worker").mkdir()
+    (root / "session").mkdir()
     written = 0
     for name in VALUE_SETS:
         (root / "chart" / f"{name}.yaml").write_text(yaml.safe_dump_all(_rendered(name)))
         written += len(_rendered(name))
     for obj in worker_objects():
         (root / "worker" / f"{obj['kind'].lower()}.yaml").write_text(yaml.safe_dump(obj))
+        written += 1
+    for obj in session_objects():
+        (root / "session" / f"{obj['kind'].lower()}.yaml").write_text(yaml.safe_dump(obj))
         written += 1
     result = subprocess.run(
         [str(checkov), "-d", str(root), "--framework", "kubernetes", "-o", "json", *OFFLINE],
@@ -541,7 +577,7 @@ def checkov_findings(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[
     summary = report["summary"]
     assert summary["parsing_errors"] == 0 and summary["passed"] > 0, summary
     assert summary["resource_count"] >= len(worker_objects()), summary
-    findings: dict[str, set[str]] = {"chart": set(), "worker": set()}
+    findings: dict[str, set[str]] = {"chart": set(), "worker": set(), "session": set()}
     for failed in report["results"]["failed_checks"]:
         scope = Path(failed["file_path"]).parts[1]
         findings[scope].add(failed["check_id"])
@@ -556,14 +592,14 @@ def _skips() -> dict[str, dict[str, str]]:
 
 def test_checkov_skips_each_say_why() -> None:
     skips = _skips()
-    assert set(skips) == {"chart", "worker"}
+    assert set(skips) == {"chart", "worker", "session"}
     for scope, entries in skips.items():
         for check, why in entries.items():
             assert re.fullmatch(r"CKV2?_K8S_\d+", check), (scope, check)
             assert isinstance(why, str) and len(why.split()) >= 10, (scope, check)
 
 
-@pytest.mark.parametrize("scope", ["chart", "worker"])
+@pytest.mark.parametrize("scope", ["chart", "worker", "session"])
 def test_checkov_finds_only_the_justified(
     checkov_findings: dict[str, set[str]], scope: str
 ) -> None:

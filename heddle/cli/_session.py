@@ -1,0 +1,124 @@
+"""``heddle session``: a RolloutJob's session, as its session pod runs it (docs/operator.md)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_session_parser", "session_config_from_env"]
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def session_config_from_env(text: str | None) -> Any:
+    """The control loop's knobs from ``HEDDLE_SESSION_CONFIG`` (JSON); unset: the defaults."""
+    from heddle.exceptions import ConfigError  # noqa: PLC0415
+    from heddle.rollout import SessionConfig  # noqa: PLC0415
+
+    if not text:
+        return SessionConfig()
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"HEDDLE_SESSION_CONFIG is not JSON ({exc.msg} at {exc.pos})") from None
+    known = {f.name for f in dataclasses.fields(SessionConfig)}
+    if not isinstance(values, dict) or set(values) - known:
+        unknown = sorted(set(values) - known) if isinstance(values, dict) else values
+        raise ConfigError(
+            f"HEDDLE_SESSION_CONFIG must be a JSON object of {sorted(known)}; got {unknown!r}"
+        )
+    return SessionConfig(**values)
+
+
+def _cmd_session(args: argparse.Namespace) -> int:
+    from heddle.exceptions import HeddleError  # noqa: PLC0415
+    from heddle.operator import (  # noqa: PLC0415
+        SESSION_CONFIG_ENV,
+        KubeClient,
+    )
+    from heddle.operator._session_pod import (  # noqa: PLC0415
+        SESSION_RETRY,
+        SessionPodConfig,
+        run_session_pod,
+    )
+    from heddle.rollout import SessionMetrics  # noqa: PLC0415
+
+    level = os.environ.get("HEDDLE_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("heddle.session")
+    try:
+        session = session_config_from_env(os.environ.get(SESSION_CONFIG_ENV))
+        kube = KubeClient(
+            retry=SESSION_RETRY
+        )  # in a pod: its service account; elsewhere: KUBECONFIG
+    except HeddleError as exc:
+        log.error("%s", exc)
+        return 2
+    metrics = SessionMetrics()
+    if args.metrics_port:
+        from prometheus_client import start_http_server  # noqa: PLC0415
+
+        start_http_server(args.metrics_port, registry=metrics.registry)
+    config = SessionPodConfig(
+        namespace=args.namespace,
+        job=args.job,
+        base_dir=Path(args.base_dir),
+        status_interval_s=args.status_interval,
+        poll_s=min(1.0, args.status_interval),
+        session=session,
+        gateway_host=args.gateway_host,
+        gateway_port=args.gateway_port,
+    )
+    signal.signal(signal.SIGTERM, _interrupt)  # the pod deleted: stop, the output closed
+
+    async def main() -> int:
+        try:
+            return await run_session_pod(config, kube, metrics)
+        finally:
+            await kube.aclose()
+
+    try:
+        return asyncio.run(main())
+    except KeyboardInterrupt:
+        return 143
+    except HeddleError as exc:  # the API server unreachable, say: the operator starts another
+        log.error("%s", exc)
+        return 1
+
+
+def add_session_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "session",
+        help="run one RolloutJob's session (what its session pod runs)",
+        description="Reads the RolloutJob and its EnginePool through the Kubernetes API "
+        "(the in-cluster service account, else KUBECONFIG), runs the rollout against the "
+        "pool's ready instances and writes the job's status. The worker token comes from "
+        "HEDDLE_WORKER_TOKEN, the control loop's knobs from HEDDLE_SESSION_CONFIG (JSON).",
+    )
+    p.add_argument("--namespace", required=True, help="the job's namespace")
+    p.add_argument("--job", required=True, help="the RolloutJob's name")
+    p.add_argument(
+        "--base-dir",
+        default="/data",
+        help="folder a job's relative paths resolve in (default: %(default)s)",
+    )
+    p.add_argument(
+        "--status-interval", type=float, default=1.0, help="seconds between status patches"
+    )
+    p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus port; 0: off")
+    p.add_argument(
+        "--gateway-host", default="0.0.0.0", help="external jobs: where the gateway listens"
+    )
+    p.add_argument(
+        "--gateway-port", type=int, default=8080, help="external jobs: the gateway's port"
+    )
+    p.set_defaults(func=_cmd_session)

@@ -1,0 +1,340 @@
+"""The session pod: one RolloutJob's rollout session, in a pod of the job's namespace.
+
+``heddle session --namespace NS --job NAME`` runs :func:`run_session_pod`. It
+reads the job and its EnginePool through the Kubernetes API (credentials as
+the operator loads them), the pool's worker endpoints from the pool's status
+and the worker token from ``HEDDLE_WORKER_TOKEN`` (a ``secretKeyRef`` to the
+pool's Secret: the pod needs no access to Secrets). It builds the session
+through the same path as ``heddle run`` (:func:`heddle.rollout._run.build_session`),
+writes the output to the job's own volumes, and patches the job's status
+itself. The operator never sees a step: it reads what the session publishes
+(``plannedShape``, ``resident``, ``drained``, ``weightVersions``) to reshape
+the pool and to know when a draining instance is empty.
+
+A session that restarts (its pod replaced) resumes from the output file:
+finished trajectories are skipped, so nothing is lost or written twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from heddle.api import EnginePoolSpec, RolloutJobSpec
+from heddle.exceptions import CheckpointError, HeddleError, ManifestError
+from heddle.rollout import (
+    ExternalEnvironment,
+    Gateway,
+    HostAllowList,
+    OutputSink,
+    RolloutSession,
+    SessionConfig,
+    SessionMetrics,
+    TaskSet,
+    check_tool_hosts,
+    read_tasks,
+)
+from heddle.rollout._run import (
+    LocalJob,
+    build_environment,
+    build_session,
+    job_workload,
+    perf_model_for,
+    plan_pool,
+    resolve_job,
+)
+from heddle.worker import TOKEN_ENV, WorkerEndpoint
+
+from ._builders import condition, now_iso, shape_entries
+from ._job_status import FINISHED, JobStatus, progress_fields
+from ._kube import CONFIGMAPS, ENGINEPOOLS, ROLLOUTJOBS, ApiError, KubeClient, RetryPolicy
+from ._session_builders import GATEWAY_PORT, gateway_url
+
+__all__ = ["SESSION_RETRY", "SessionPodConfig", "ready_workers", "run_session_pod"]
+
+log = logging.getLogger("heddle.session")
+# One object per request: a server that has not answered in 5 s is asked again next round
+# (the rollout never waits on the API server; a status round is skipped at worst).
+SESSION_RETRY = RetryPolicy(timeout_s=5.0)
+FINAL_WRITE_ATTEMPTS = 8
+
+
+@dataclass(frozen=True)
+class SessionPodConfig:
+    """What ``heddle session`` is told; times in seconds."""
+
+    namespace: str
+    job: str
+    base_dir: Path = Path("/data")  # relative paths of the job resolve inside it
+    status_interval_s: float = 1.0  # status patches at most this often
+    poll_s: float = 1.0  # how often the pool's status is read
+    session: SessionConfig = field(default_factory=SessionConfig)
+    gateway_host: str = "0.0.0.0"  # an external job's gateway: the pod's every address
+    gateway_port: int = GATEWAY_PORT
+    gateway_linger_s: float = 3.0  # served on after the end, so polling agents hear of it
+
+
+def ready_workers(
+    pool_body: Mapping[str, Any], token: str | None = None
+) -> dict[str, WorkerEndpoint]:
+    return {
+        i["name"]: WorkerEndpoint(i["name"], i["endpoint"], int(i["tp"]), token)
+        for i in (pool_body.get("status") or {}).get("instances", [])
+        if i.get("phase") == "Ready" and i.get("endpoint")
+    }
+
+
+def _draining(pool_body: Mapping[str, Any]) -> set[str]:
+    return {
+        i["name"]
+        for i in (pool_body.get("status") or {}).get("instances", [])
+        if i.get("phase") in ("Draining", "Failed")
+    }
+
+
+async def run_session_pod(
+    config: SessionPodConfig, kube: KubeClient, metrics: SessionMetrics | None = None
+) -> int:
+    """Run the job's session to its end; the exit code (0: the job reached a final phase)."""
+    body = await kube.get(ROLLOUTJOBS, config.namespace, config.job)
+    if body is None:
+        log.error("RolloutJob %s/%s does not exist", config.namespace, config.job)
+        return 1
+    status = JobStatus(kube, body, config.status_interval_s)
+    if status.phase in FINISHED:
+        return 0
+    try:
+        job = RolloutJobSpec.from_manifest(body)
+        check_tool_hosts(job, HostAllowList.from_env())
+        job_workload(job, lambda name: config.base_dir / name)  # a bad file is a bad spec
+    except HeddleError as exc:
+        await status.write("Failed", [condition("Valid", False, "InvalidSpec", str(exc))],
+                           completionTime=now_iso())  # fmt: skip
+        return 0
+    try:
+        await _run(config, kube, job, status, metrics or SessionMetrics())
+    except CheckpointError as exc:
+        await status.write("Failed", [condition("WeightsLoaded", False, "CheckpointNotLoaded",
+                           str(exc))], completionTime=now_iso())  # fmt: skip
+    except HeddleError as exc:
+        await status.write("Failed", [condition("Complete", False, "SessionFailed", str(exc))],
+                           completionTime=now_iso())  # fmt: skip
+    except Exception as exc:  # not Heddle's own: the job fails with a sentence, not a restart loop
+        log.error("RolloutJob %s/%s failed", job.namespace, job.name, exc_info=True)
+        await status.write("Failed", [condition("Complete", False, "InternalError",
+            f"the session stopped on an unexpected {type(exc).__name__}; "
+            "the session pod's log has the details",
+        )], completionTime=now_iso())  # fmt: skip
+    return 0
+
+
+async def _tasks(kube: KubeClient, job: RolloutJobSpec) -> TaskSet | None:
+    if job.tasks.config_map is None:
+        return None  # inline, a file on the pod's volumes, or the synthetic workload's
+    name, key = job.tasks.config_map
+    cm = await kube.get(CONFIGMAPS, job.namespace, name)
+    if cm is None or key not in (cm.get("data") or {}):
+        raise ManifestError(
+            f"ConfigMap {name!r} with key {key!r} not found in namespace {job.namespace}; "
+            "create it or fix spec.tasks.configMap"
+        )
+    return read_tasks(text=cm["data"][key])
+
+
+async def _wait_for_pool(
+    kube: KubeClient, job: RolloutJobSpec, status: JobStatus, poll_s: float
+) -> dict[str, Any]:
+    valid = condition("Valid", True, "SpecValid", "the spec is valid")
+    while True:
+        pool_body = await kube.get(ENGINEPOOLS, job.namespace, job.engine_pool)
+        if pool_body is None:
+            await status.write("Pending", [valid, condition(
+                "PoolReady", False, "PoolNotFound",
+                f"EnginePool {job.engine_pool!r} does not exist in namespace {job.namespace}; "
+                "create it or fix spec.enginePool",
+            )], force=status.phase != "Pending")  # fmt: skip
+        elif not ready_workers(pool_body):
+            await status.write("Pending", [valid, condition(
+                "PoolReady", False, "NoReadyInstances",
+                f"EnginePool {job.engine_pool!r} has no ready instance yet",
+            )], force=status.phase != "Pending")  # fmt: skip
+        else:
+            return pool_body
+        await asyncio.sleep(poll_s)
+
+
+async def _run(
+    config: SessionPodConfig,
+    kube: KubeClient,
+    job: RolloutJobSpec,
+    status: JobStatus,
+    metrics: SessionMetrics,
+) -> None:
+    pool_body = await _wait_for_pool(kube, job, status, config.poll_s)
+    pool = EnginePoolSpec.from_manifest(pool_body)
+    local = resolve_job(job, pool, await _tasks(kube, job), config.base_dir)
+    perf = perf_model_for(pool)
+    plan = await asyncio.to_thread(plan_pool, local, perf)  # mini-simulations
+    planned: dict[str, Any] = {}
+    if pool.shape is None:  # the operator reshapes the pool to it (docs/operator.md)
+        planned["plannedShape"] = shape_entries(plan.shape)
+    token = os.environ.get(TOKEN_ENV) or None
+    workers = ready_workers(pool_body, token)
+    # What instances loaded before (an earlier job's checkpoint), so they are not loaded again.
+    versions = {
+        i["name"]: str(i["weightVersion"])
+        for i in (pool_body.get("status") or {}).get("instances", [])
+        if i.get("weightVersion") is not None
+    }
+    environment = build_environment(local)
+    session = build_session(
+        local,
+        list(workers.values()),
+        OutputSink(local.output, follow_symlinks=False),
+        plan=plan,
+        perf=perf,
+        environment=environment,
+        config=config.session,
+        metrics=metrics,
+        weight_versions=versions,
+    )
+    served: Gateway | None = None
+    if isinstance(environment, ExternalEnvironment):
+        # The agents reach it through the job's Service (the operator made it and the
+        # token's Secret); the token came in HEDDLE_GATEWAY_TOKEN from that Secret.
+        served = Gateway(environment, config.gateway_host, config.gateway_port)
+        await served.start()
+        planned["gatewayURL"] = gateway_url(job)
+    running = [
+        condition("Valid", True, "SpecValid", "the spec is valid"),
+        condition("PoolReady", True, "InstancesReady", f"{len(workers)} instances"),
+        condition("Running", True, "SessionRunning", _running(job.policy, plan.policy)),
+    ]
+    try:
+        await status.write("Running", running, startTime=now_iso(), **planned)
+        await _drive(config, kube, local, session, status, workers, token)
+        if served is not None:
+            await asyncio.sleep(config.gateway_linger_s)
+    finally:
+        if served is not None:
+            await asyncio.shield(served.stop())
+
+
+async def _drive(
+    config: SessionPodConfig,
+    kube: KubeClient,
+    local: LocalJob,
+    session: RolloutSession,
+    status: JobStatus,
+    workers: dict[str, WorkerEndpoint],
+    token: str | None,
+) -> None:
+    job = local.job
+    task = asyncio.create_task(session.run())
+    loaded: list[dict[str, str]] = []  # the WeightsLoaded condition, once written
+    next_poll = 0.0
+    try:
+        while not task.done():
+            try:
+                if time.monotonic() >= next_poll:
+                    await _sync_workers(kube, job, session, workers, token)
+                    next_poll = time.monotonic() + config.poll_s
+                if not loaded and (weights := _weights_loaded(job, session)):
+                    await status.write("Running", weights)
+                    loaded = weights
+                await status.write(
+                    "Running", force=False, **progress_fields(session.progress()),
+                    **_published(session, workers),
+                )  # fmt: skip
+            except ApiError as exc:  # the API server slow or away: the rollout goes on
+                log.warning("%s: status not written this round: %s", job.name, exc)
+            await asyncio.wait({task}, timeout=min(config.status_interval_s, config.poll_s))
+        result = await task
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+    p = result.progress
+    message = f"{p.done} done, {p.failed} failed of {p.total}"
+    if result.deadline_hit:
+        message += " (deadline reached: unfinished ones recorded as truncated)"
+    final = [
+        *(loaded or _weights_loaded(job, session)),  # a job quicker than a status round
+        condition("Running", False, "Finished", message),
+        condition("Complete", True, "AllRecorded", message),
+    ]
+    for attempt in range(FINAL_WRITE_ATTEMPTS):  # the end must be told; a restart would re-read
+        try:
+            await status.write(
+                "Succeeded", final, completionTime=now_iso(), **progress_fields(p),
+                **_published(session, workers),
+            )  # fmt: skip
+            return
+        except ApiError as exc:
+            log.warning("%s: the final status not written (%s); trying again", job.name, exc)
+            await asyncio.sleep(min(2.0**attempt, 10.0))
+    raise HeddleError(f"could not write the final status of {job.name} to the API server")
+
+
+def _published(session: RolloutSession, workers: Mapping[str, WorkerEndpoint]) -> dict[str, Any]:
+    """What the operator reads from the job: unfinished trajectories per instance, the
+    instances this session stopped using and emptied (a draining one may then go), and
+    the checkpoint version each instance loaded."""
+    resident = {name: session.resident_on(name) for name in sorted(workers)}
+    return {
+        "resident": resident,
+        "drained": session.drained(),
+        "weightVersions": dict(session.weights.versions),
+    }
+
+
+def _weights_loaded(job: RolloutJobSpec, session: RolloutSession) -> list[dict[str, str]]:
+    """``WeightsLoaded`` once the session's first round of loads is over, else nothing."""
+    if job.weights is None or not session.weights.ready.is_set():
+        return []
+    return [condition("WeightsLoaded", True, "CheckpointLoaded",
+        f"version {job.weights.version} from {job.weights.path} on "
+        f"{sum(v == job.weights.version for v in session.weights.versions.values())} instances",
+    )]  # fmt: skip
+
+
+async def _sync_workers(
+    kube: KubeClient,
+    job: RolloutJobSpec,
+    session: RolloutSession,
+    known: dict[str, WorkerEndpoint],
+    token: str | None,
+) -> None:
+    """Follow the pool's status: new instances join, draining ones drain, gone ones leave."""
+    pool_body = await kube.get(ENGINEPOOLS, job.namespace, job.engine_pool)
+    if pool_body is None:
+        return
+    ready = ready_workers(pool_body, token)
+    draining = _draining(pool_body)
+    for name, endpoint in ready.items():
+        if known.get(name) != endpoint:
+            if name in known:
+                session.remove_worker(name)
+            session.add_worker(endpoint)
+            known[name] = endpoint
+    for name in list(known):
+        if name in draining:
+            session.drain_worker(name)
+        elif name not in ready:
+            session.remove_worker(name)
+            known.pop(name)
+
+
+def _running(asked: str, ran: str) -> str:
+    if asked == ran:
+        return f"policy {asked}"
+    # The shape planner predicted the job's policy would not beat this one on the shape.
+    return f"policy {ran} (the shape planner's choice for policy {asked}; docs/scheduler.md)"

@@ -1,0 +1,285 @@
+"""Each RolloutJob's session in its own pod: the operator only reconciles around it.
+
+The test kubelet runs a session pod as a real ``heddle session`` process with a
+kubeconfig for the test API server, so the session reads its job and pool and
+writes status over HTTP, as it would in a cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from heddle.api import LABEL_JOB
+
+from .._rollout_fixtures import assert_exactly_once, read_records
+from ._operator_fixture import Cluster, cluster, job, pool, wait_for
+from .test_operator import KEYS, SLOW_TOOLS, _condition, _finished, _records_at_least
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # slow: real processes, see pyproject
+
+SLOWER_TOOLS = {"type": "synthetic", "synthetic": {"workload": "quickstart", "toolTimeScale": 5.0}}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def _session_pods(c: Cluster, name: str) -> list[dict[str, Any]]:
+    return [
+        p for p in await c.list("pods")
+        if (p["metadata"].get("labels") or {}).get(LABEL_JOB) == name
+    ]  # fmt: skip
+
+
+async def test_the_session_runs_in_a_pod_of_its_own_with_least_privilege(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    async with cluster(tmp_path) as c:
+        await c.apply(pool("p", 2, [{"tp": 1, "replicas": 2}]))
+        await c.apply(job("j", "p", out))
+        obj = await _finished(c, "j")
+        assert obj["status"]["phase"] == "Succeeded", obj["status"]
+        assert_exactly_once(read_records(out), KEYS)
+        (pod,) = await _session_pods(c, "j")
+        assert pod["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
+        assert pod["metadata"]["ownerReferences"][0]["kind"] == "RolloutJob"
+        spec = pod["spec"]
+        assert spec["serviceAccountName"] == "heddle-session"
+        assert spec["restartPolicy"] == "Never"
+        (container,) = spec["containers"]
+        assert container["command"][:6] == ["heddle", "session", "--namespace", "default",
+                                            "--job", "j"]  # fmt: skip
+        token = {e["name"]: e for e in container["env"]}["HEDDLE_WORKER_TOKEN"]
+        assert token["valueFrom"]["secretKeyRef"] == {"name": "p-worker-token", "key": "token"}
+        assert _condition(obj, "SessionReady")["status"] == "True"
+        # The account's Role: read jobs and pools, patch jobs' status; no Secrets at all.
+        role = await c.http.get("/apis/rbac.authorization.k8s.io/v1/namespaces/default/"
+                                "roles/heddle-session")  # fmt: skip
+        rules = role.json()["rules"]
+        assert not any("secrets" in r["resources"] for r in rules), rules
+        assert {"apiGroups": ["heddle.dev"], "resources": ["rolloutjobs/status"],
+                "verbs": ["get", "patch"]} in rules  # fmt: skip
+        assert all("*" not in r["verbs"] and "delete" not in r["verbs"] for r in rules)
+        binding = await c.http.get("/apis/rbac.authorization.k8s.io/v1/namespaces/default/"
+                                   "rolebindings/heddle-session")  # fmt: skip
+        assert binding.json()["subjects"] == [
+            {"kind": "ServiceAccount", "name": "heddle-session", "namespace": "default"}
+        ]
+        account = await c.http.get("/api/v1/namespaces/default/serviceaccounts/heddle-session")
+        assert account.status_code == 200
+
+
+async def test_the_job_goes_on_while_the_operator_is_stopped(tmp_path: Path) -> None:
+    """The operator stops for 10 s mid-job; records keep arriving and the job's status keeps
+    moving meanwhile, then the job ends with every trajectory once.
+
+    10 s rather than 30: the session pod never talks to the operator, so a longer pause
+    proves nothing more; 10 s spans 20 of the session's status rounds (0.5 s) and lets
+    several trajectories finish (each takes ~2-4 s here), which is what is asserted.
+    """
+    out = tmp_path / "out.jsonl"
+    async with cluster(tmp_path) as c:
+        await c.apply(pool("p", 2, [{"tp": 1, "replicas": 2}]))
+        await c.apply(job("j", "p", out, environment=SLOWER_TOOLS))
+        await _records_at_least(out, 2)
+        (first,) = await _session_pods(c, "j")
+        took = time.monotonic()
+        await c.stop_operator()
+        took = time.monotonic() - took
+        before = len(read_records(out))
+        done_before = int((await c.get("rolloutjobs", "j"))["status"].get("done", 0))
+        assert before < 48, (before, f"the operator took {took:.1f} s to stop")
+        await asyncio.sleep(10)
+        during = len(read_records(out))
+        done_during = int((await c.get("rolloutjobs", "j"))["status"].get("done", 0))
+        assert during > before, "no record arrived while the operator was stopped"
+        assert done_during > done_before, "the job's status stood still without the operator"
+        await c.start_operator()
+        obj = await _finished(c, "j")
+        assert obj["status"]["phase"] == "Succeeded"
+        assert obj["status"]["done"] == 64
+        assert_exactly_once(read_records(out), KEYS)  # nothing re-run, nothing lost
+        # The restarted operator found the running session pod and made no other.
+        assert [p["metadata"]["name"] for p in await _session_pods(c, "j")] == [
+            first["metadata"]["name"]
+        ]
+
+
+async def test_a_killed_session_pod_is_replaced_and_resumes_from_the_output(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out.jsonl"
+    async with cluster(tmp_path) as c:
+        await c.apply(pool("p", 2, [{"tp": 1, "replicas": 2}]))
+        await c.apply(job("j", "p", out, environment=SLOW_TOOLS))
+        await _records_at_least(out, 6)
+        killed = c.kubelet.kill_session("j")  # SIGKILL: no chance to close anything
+        before = len(read_records(out))
+        assert before < 64
+
+        async def replaced() -> str | None:
+            names = [p["metadata"]["name"] for p in await _session_pods(c, "j")]
+            return next((n for n in names if n != killed), None)
+
+        await wait_for(replaced, 60, "a replacement session pod")
+        obj = await _finished(c, "j")
+        assert obj["status"]["phase"] == "Succeeded", obj["status"]
+        assert obj["status"]["done"] == 64
+        assert_exactly_once(read_records(out), KEYS)
+        assert killed not in [p["metadata"]["name"] for p in await _session_pods(c, "j")]
+
+
+async def test_deleting_the_job_deletes_its_session_pod(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    async with cluster(tmp_path) as c:
+        await c.apply(pool("p", 2, [{"tp": 1, "replicas": 2}]))
+        await c.apply(job("j", "p", out, environment=SLOW_TOOLS))
+        await _records_at_least(out, 2)
+        (pod,) = await _session_pods(c, "j")
+        assert (await c.delete("rolloutjobs", "j")).status_code in (200, 202)
+
+        async def gone() -> bool:
+            return not await _session_pods(c, "j") and await c.get("rolloutjobs", "j") is None
+
+        await wait_for(gone, 60, "the job and its session pod gone")
+        name = pod["metadata"]["name"]
+        await wait_for(
+            lambda: _not_running(c, name), 10, "the session process stopped by the kubelet"
+        )
+        written = len(read_records(out))
+        await asyncio.sleep(1.5)
+        assert len(read_records(out)) == written  # nothing writes the output any more
+
+
+async def _not_running(c: Cluster, name: str) -> bool:
+    run = c.kubelet.running.get(name)
+    return run is None or run.process.poll() is not None
+
+
+async def test_a_session_pod_that_cannot_start_is_reported_in_one_sentence(
+    tmp_path: Path,
+) -> None:
+    async with cluster(tmp_path) as c:
+        # Two pools: one job at a time runs on a pool, and the first never ends.
+        await c.apply(pool("p", 1, [{"tp": 1, "replicas": 1}]))
+        await c.apply(pool("q", 1, [{"tp": 1, "replicas": 1}]))
+        image = {"image": "unpullable.invalid/heddle:0"}
+        await c.apply(job("img", "p", tmp_path / "i.jsonl", session=image))
+        claim = {
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "rollouts"}}],
+            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+        }
+        await c.apply(job("vol", "q", tmp_path / "v.jsonl", session=claim))
+
+        async def reported(name: str) -> dict[str, Any] | None:
+            cond = _condition(await c.get("rolloutjobs", name), "SessionReady")
+            return cond if cond and cond["reason"] == "SessionCannotStart" else None
+
+        img = await wait_for(lambda: reported("img"), 60, "the image pull failure")
+        assert img["status"] == "False"
+        assert 'failed to pull image "unpullable.invalid/heddle:0"' in img["message"]
+        assert "(ErrImagePull)" in img["message"] and "fix spec.session" in img["message"]
+        assert "\n" not in img["message"]
+        vol = await wait_for(lambda: reported("vol"), 60, "the missing volume claim")
+        assert 'persistentvolumeclaim "rollouts" not found (Unschedulable)' in vol["message"]
+        # The claim made: the pod starts and the job runs to its end.
+        await c.http.post("/api/v1/namespaces/default/persistentvolumeclaims", json={
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "rollouts"}, "spec": {},
+        })  # fmt: skip
+        obj = await _finished(c, "vol")
+        assert obj["status"]["phase"] == "Succeeded", obj["status"]
+        assert _condition(obj, "SessionReady")["status"] == "True"
+        assert (await c.get("rolloutjobs", "img"))["status"]["phase"] != "Succeeded"
+
+
+async def test_the_sessions_planned_shape_reshapes_the_pool_through_status(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out.jsonl"
+    async with cluster(tmp_path) as c:
+        # No pinned shape: the pool starts homogeneous (4xTP1), the session's planner picks
+        # the job's shape and publishes it in the job's status; the operator reshapes to it.
+        await c.apply(pool("p", 4, tensorParallelSizes=[1, 2]))
+        await c.apply(job("j", "p", out))
+
+        async def planned() -> list[dict[str, int]] | None:
+            status = (await c.get("rolloutjobs", "j") or {}).get("status") or {}
+            return status.get("plannedShape")
+
+        shape = await wait_for(planned, 120, "the job's plannedShape")
+        assert sum(e["tp"] * e["replicas"] for e in shape) <= 4
+
+        async def followed() -> dict[str, Any] | None:
+            status = (await c.get("enginepools", "p") or {}).get("status") or {}
+            desired = status.get("shape") or {}
+            return desired if desired.get("source") == "planned" else None
+
+        desired = await wait_for(followed, 60, "the pool following the planned shape")
+        assert sorted(map(tuple, (e.values() for e in desired["desired"]))) == sorted(
+            map(tuple, (e.values() for e in shape))
+        )
+        obj = await _finished(c, "j")
+        assert obj["status"]["phase"] == "Succeeded", obj["status"]
+        assert_exactly_once(read_records(out), KEYS)
+        assert max(c.kubelet.budget_log) <= 4, c.kubelet.budget_log
+
+
+async def test_an_external_job_serves_its_gateway_from_the_session_pod(tmp_path: Path) -> None:
+    out = tmp_path / "ext.jsonl"
+    inline = {"inline": [{"id": "a", "prompt": "say hi"}, {"id": "b", "prompt": "say bye"}]}
+    async with cluster(tmp_path) as c:
+        await c.apply(pool("p", 1, [{"tp": 1, "replicas": 1}]))
+        environment = {"type": "external", "external": {"idleTimeoutSeconds": 60}}
+        sampling = {"maxTokensPerTurn": 8, "maxTotalTokens": 64}
+        await c.apply(job("ext", "p", out, environment=environment, tasks=inline,
+                          samplesPerTask=2, sampling=sampling))  # fmt: skip
+        service = await wait_for(lambda: c.get("services", "ext-gateway"), 60, "the Service")
+        assert service["spec"]["selector"] == {LABEL_JOB: "ext"}
+        secret = await c.get("secrets", "ext-gateway-token")
+        assert secret is not None and secret["metadata"]["ownerReferences"][0]["name"] == "ext"
+        token = base64.b64decode(secret["data"]["token"]).decode()
+
+        async def running() -> dict[str, Any] | None:
+            status = (await c.get("rolloutjobs", "ext") or {}).get("status") or {}
+            return status if status.get("gatewayURL") else None
+
+        status = await wait_for(running, 120, "the gateway served")
+        assert status["gatewayURL"] == "http://ext-gateway.default.svc:8080/v1"
+        # No cluster DNS here: the session pod's address stands in for its Service.
+        (pod,) = await _session_pods(c, "ext")
+        base = f"http://{pod['status']['podIP']}:8080/v1"
+        auth = {"Authorization": f"Bearer {token}"}
+        async with httpx.AsyncClient(timeout=30) as http:
+            assert (await http.post(f"{base}/episodes")).status_code == 401
+            while True:
+                episode = (await http.post(f"{base}/episodes", headers=auth)).json()
+                if episode["id"] is None:
+                    if episode["remaining"] == 0:
+                        break
+                    await asyncio.sleep(0.2)
+                    continue
+                messages = [{"role": "user",
+                             "content": episode["task"]["messages"][0]["content"]}]  # fmt: skip
+                reply = await http.post(
+                    f"{base}/chat/completions",
+                    headers={**auth, "X-Heddle-Trajectory": episode["id"]},
+                    json={"model": episode["model"], "messages": messages, "max_tokens": 4},
+                )
+                assert reply.status_code == 200, reply.text
+                ended = await http.post(
+                    f"{base}/episodes/{episode['id']}/end", headers=auth, json={"reward": 1.0}
+                )
+                assert ended.status_code == 200, ended.text
+        obj = await _finished(c, "ext")
+        assert obj["status"]["phase"] == "Succeeded", obj["status"]
+        records = read_records(out)
+        assert_exactly_once(records, {(t, s) for t in ("a", "b") for s in range(2)})
+        assert {r["reward"] for r in records} == {1.0}
