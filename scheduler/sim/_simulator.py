@@ -52,7 +52,7 @@ class PlannerCost:
     ``DPPlacement.replan`` and ``ToolWindowMigration.plan`` on 1,024 to 32,768
     trajectories over 16, 64 and 256 engines (2-core x86 VM, Python 3.11,
     numpy 2; docs/simulator.md, "Scheduler CPU time"); each point lies within
-    25% of its fit above 4 ms.
+    25% of its fit above 5 ms.
     """
 
     placement_fixed_s: float = 5e-4
