@@ -2,8 +2,10 @@
 
 Thin kopf handlers (``build_registry``, ``run_operator``) over pure builders and
 reconcile planners, the pool's worker token, and the Kubernetes API client on the
-official ``kubernetes`` package (docs/operator.md). The rollout itself is
-:mod:`heddle.rollout`; this package only decides what should run where.
+official ``kubernetes`` package (docs/operator.md), and the session pod's runner
+(``heddle session``: one RolloutJob's session, in a pod of its own, talking to the
+API). The rollout itself is :mod:`heddle.rollout`; the operator only decides what
+should run where.
 """
 
 from ._builders import (
@@ -22,8 +24,13 @@ from ._builders import (
     spec_hash,
     worker_pod,
 )
+from ._job_status import (
+    JobStatus,
+    progress_fields,
+)
 from ._jobs import (
     JobContext,
+    delete_session_pods,
     run_job,
 )
 from ._kube import (
@@ -49,6 +56,20 @@ from ._reconcile import (
     PoolActions,
     plan_pool,
 )
+from ._session_builders import (
+    GATEWAY_PORT,
+    LABEL_JOB,
+    SESSION_ACCOUNT,
+    SessionPodOptions,
+    gateway_objects,
+    gateway_url,
+    session_pod,
+    session_rbac,
+)
+from ._session_pod import (
+    SessionPodConfig,
+    run_session_pod,
+)
 from ._tokens import (
     TOKEN_KEY,
     TokenState,
@@ -62,14 +83,18 @@ from ._tokens import (
 
 __all__ = [
     "DRAINING",
+    "GATEWAY_PORT",
+    "LABEL_JOB",
     "LABEL_POOL",
     "LABEL_TP",
     "MAX_CONDITION_MESSAGE",
+    "SESSION_ACCOUNT",
     "SPEC_HASH",
     "TOKEN_KEY",
     "WORKER_PORT",
     "ApiError",
     "JobContext",
+    "JobStatus",
     "KubeClient",
     "OperatorConfig",
     "OwnWrites",
@@ -78,21 +103,30 @@ __all__ = [
     "PoolRuntime",
     "Resource",
     "RetryPolicy",
+    "SessionPodConfig",
+    "SessionPodOptions",
     "TokenState",
     "baseline_shape",
     "build_registry",
     "condition",
+    "delete_session_pods",
     "ensure_worker_token",
+    "gateway_objects",
+    "gateway_url",
     "headless_service",
     "instance_name",
     "load_configuration",
     "merge_conditions",
     "plan_pool",
     "pod_phase",
+    "progress_fields",
     "read_worker_token",
     "reconcile_pool",
     "run_job",
     "run_operator",
+    "run_session_pod",
+    "session_pod",
+    "session_rbac",
     "shape_entries",
     "spec_hash",
     "token_digest",
