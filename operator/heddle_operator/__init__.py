@@ -2,8 +2,10 @@
 
 Thin kopf handlers (``build_registry``, ``run_operator``) over pure builders and
 reconcile planners, the pool's worker token, and the Kubernetes API client on the
-official ``kubernetes`` package (docs/operator.md). The rollout itself is
-:mod:`heddle.rollout`; this package only decides what should run where.
+official ``kubernetes`` package (docs/operator.md), and the session pod's runner
+(``heddle session``: one RolloutJob's session, in a pod of its own, talking to the
+API). The rollout itself is :mod:`heddle.rollout`; the operator only decides what
+should run where.
 """
 
 from ._builders import (

@@ -205,6 +205,9 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
         if gone:
             log.info("RolloutJob %s/%s deleted: deleted its session pods %s",
                      namespace, name, gone)  # fmt: skip
+            # The job goes once its session has stopped writing to it: asked again (a fresh
+            # read of the job) until no session pod is left.
+            raise kopf.TemporaryError(f"waiting for session pods {gone} to stop", delay=1.0)
 
     return registry, state
 

@@ -75,6 +75,7 @@ class SessionPodConfig:
     base_dir: Path = Path("/data")  # relative paths of the job resolve inside it
     status_interval_s: float = 1.0  # status patches at most this often
     poll_s: float = 1.0  # how often the pool's status is read
+    settle_s: float = 30.0  # at most this long for the whole pool once an instance is ready
     session: SessionConfig = field(default_factory=SessionConfig)
     gateway_host: str = "0.0.0.0"  # an external job's gateway: the pod's every address
     gateway_port: int = GATEWAY_PORT
@@ -148,10 +149,17 @@ async def _tasks(kube: KubeClient, job: RolloutJobSpec) -> TaskSet | None:
     return read_tasks(text=cm["data"][key])
 
 
+def _pool_ready(pool_body: Mapping[str, Any]) -> bool:
+    """The pool's Ready condition: every instance of its desired shape ready."""
+    conditions = (pool_body.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
 async def _wait_for_pool(
-    kube: KubeClient, job: RolloutJobSpec, status: JobStatus, poll_s: float
+    kube: KubeClient, job: RolloutJobSpec, status: JobStatus, poll_s: float, settle_s: float
 ) -> dict[str, Any]:
     valid = condition("Valid", True, "SpecValid", "the spec is valid")
+    first_ready = 0.0  # when an instance was first seen ready
     while True:
         pool_body = await kube.get(ENGINEPOOLS, job.namespace, job.engine_pool)
         if pool_body is None:
@@ -166,7 +174,11 @@ async def _wait_for_pool(
                 f"EnginePool {job.engine_pool!r} has no ready instance yet",
             )], force=status.phase != "Pending")  # fmt: skip
         else:
-            return pool_body
+            first_ready = first_ready or time.monotonic()
+            # The whole pool if it comes soon (every instance then loads the job's weights
+            # before the first step), else what is ready: the rest joins as it comes.
+            if _pool_ready(pool_body) or time.monotonic() - first_ready >= settle_s:
+                return pool_body
         await asyncio.sleep(poll_s)
 
 
@@ -177,7 +189,7 @@ async def _run(
     status: JobStatus,
     metrics: SessionMetrics,
 ) -> None:
-    pool_body = await _wait_for_pool(kube, job, status, config.poll_s)
+    pool_body = await _wait_for_pool(kube, job, status, config.poll_s, config.settle_s)
     pool = EnginePoolSpec.from_manifest(pool_body)
     local = resolve_job(job, pool, await _tasks(kube, job), config.base_dir)
     perf = perf_model_for(pool)
