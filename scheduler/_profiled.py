@@ -43,6 +43,7 @@ __all__ = [
     "EngineProfile",
     "PrefillFit",
     "ProfiledPerfModel",
+    "StepOverhead",
     "fit_decode",
     "fit_prefill",
     "load_profile",
@@ -94,6 +95,37 @@ class PrefillFit:
 
 
 @dataclass(frozen=True)
+class StepOverhead:
+    """How a profile measured a step's time outside the engine core (seconds per step).
+
+    ``isolated_median_s`` on controlled batches; ``rollout_*`` on a rollout-shaped
+    load (multi-turn chat trajectories with tool gaps, ``trajectories_per_worker``
+    at once). The simulator uses ``rollout_mean_s``: a makespan adds up steps.
+    """
+
+    isolated_median_s: float
+    rollout_mean_s: float
+    rollout_median_s: float
+    trajectories_per_worker: int
+
+    def __post_init__(self) -> None:
+        times = (self.isolated_median_s, self.rollout_mean_s, self.rollout_median_s)
+        if any(not t >= 0 for t in times) or self.trajectories_per_worker < 1:
+            raise WorkloadError(
+                "step_overhead: times must be numbers >= 0 and trajectories_per_worker >= 1"
+            )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepOverhead:
+        return cls(
+            float(data["isolated_median_s"]),
+            float(data["rollout_mean_s"]),
+            float(data["rollout_median_s"]),
+            int(data["rollout_trajectories_per_worker"]),
+        )
+
+
+@dataclass(frozen=True)
 class EngineProfile:
     """What ``heddle bench profile`` measured on one engine (one model, some TP degrees)."""
 
@@ -103,7 +135,9 @@ class EngineProfile:
     decode: Mapping[int, DecodeFit]
     prefill: Mapping[int, PrefillFit]
     source: str = "profile"
-    request_overhead_s: float = 0.0  # per step, outside the engine (client clock - worker's)
+    # Per step, outside the engine core (client's clock minus the engine core's time).
+    request_overhead_s: float = 0.0
+    step_overhead: StepOverhead | None = None  # how request_overhead_s was measured
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -145,6 +179,8 @@ class EngineProfile:
                 )
                 for tp, p in data["prefill"].items()
             }
+            measured = data.get("step_overhead")
+            step_overhead = None if measured is None else StepOverhead.from_dict(measured)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise WorkloadError(
                 f"{source}: malformed engine profile ({type(exc).__name__}: {exc}); "
@@ -154,11 +190,13 @@ class EngineProfile:
             raise WorkloadError(
                 f"{source}: decode, prefill and kv_capacity_tokens must cover the same TP degrees"
             )
-        overhead = data.get("request_overhead_s", 0.0)
+        # A profile with only the measurement section uses its rollout-shaped mean.
+        fallback = 0.0 if step_overhead is None else step_overhead.rollout_mean_s
+        overhead = data.get("request_overhead_s", fallback)
         if isinstance(overhead, bool) or not isinstance(overhead, int | float) or overhead < 0:
             raise WorkloadError(f"{source}: request_overhead_s must be a number >= 0")
         name = str(data.get("name", source))
-        return cls(name, model, kv, decode, prefill, source, float(overhead), data)
+        return cls(name, model, kv, decode, prefill, source, float(overhead), step_overhead, data)
 
 
 def load_profile(name_or_path: str | Path, base_dir: Path | None = None) -> EngineProfile:
