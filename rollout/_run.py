@@ -31,9 +31,11 @@ from heddle.scheduler import (
     FinishedTrajectory,
     PerfModel,
     PoolShape,
+    ProfiledPerfModel,
     ShapeConfig,
     WorkloadSpec,
     get_policy,
+    load_profile,
     make_predictor,
 )
 from heddle.scheduler.sim import SimulatedShapePlanner
@@ -42,7 +44,7 @@ from ._environments import Environment, SyntheticEnvironment, synthetic_tasks
 from ._external import ExternalEnvironment
 from ._gateway import Gateway
 from ._hosts import HostAllowList, check_tool_hosts
-from ._local import LocalPool, LocalWorkerOptions
+from ._local import LocalPool, LocalWorkerOptions, is_tiny_model
 from ._output import OutputSink
 from ._presets import WORKLOAD_PRESETS, load_workload
 from ._progress import Progress, SessionMetrics
@@ -175,8 +177,17 @@ def prepare_manifests(
     )
 
 
-def perf_model_for(pool: EnginePoolSpec) -> PerfModel:
-    """The planner's performance model: the pool's model if it is a preset, else Qwen3-8B."""
+def perf_model_for(pool: EnginePoolSpec, options: LocalWorkerOptions | None = None) -> PerfModel:
+    """The planner's performance model.
+
+    Local vLLM workers on the tiny model (``options``: vLLM's CPU build here) plan
+    with the shipped engine profile measured on them (``vllm-cpu-tiny``, at the
+    workers' batch cap): a datasheet model of an H100 is off by orders of magnitude
+    there. Otherwise the pool's model if it is a preset, else Qwen3-8B, on an H100.
+    """
+    if options is not None and options.engine == "vllm" and is_tiny_model(options.model):
+        profile = load_profile("vllm-cpu-tiny")
+        return ProfiledPerfModel.from_profile(profile, batch_cap=options.max_num_seqs)
     lowered = pool.model.lower()
     model = next((m for m in MODEL_PRESETS if m in lowered), "qwen3-8b")
     return PerfModel(MODEL_PRESETS[model], HARDWARE_PRESETS["h100-sxm"])
@@ -376,7 +387,7 @@ async def run_local(
     """
     for error in local.tasks.errors:
         log.warning("skipping a malformed task: %s", error)
-    perf = perf_model_for(local.pool)
+    perf = perf_model_for(local.pool, options)
     plan = plan_pool(local, perf)
     shape = plan.shape
     # Locked and checked before any worker starts: a second run on this output stops here.

@@ -42,12 +42,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from heddle.exceptions import ConfigError
 from heddle.rollout._local import LocalPool, LocalWorkerOptions
 from heddle.scheduler import PROFILE_FORMAT, fit_decode, fit_prefill
+from heddle.worker import _json
 from heddle.worker._client import WorkerEndpoint
+from heddle.worker._http import HttpError, HttpPool
 
 __all__ = ["DEFAULT_BATCHES", "DEFAULT_CONTEXTS", "bench_profile", "model_spec_of"]
 
@@ -98,7 +98,7 @@ def _engine_s(timings: dict[str, Any]) -> float:
 class _Driver:
     """Requests to one worker, with token ids drawn from its vocabulary."""
 
-    def __init__(self, client: httpx.AsyncClient, vocab: int, seed: int) -> None:
+    def __init__(self, client: HttpPool, vocab: int, seed: int) -> None:
         self.client = client
         self.vocab = vocab
         self.rng = random.Random(seed)
@@ -126,16 +126,14 @@ class _Driver:
             body["append_token_ids"] = append
         if reset:
             body["reset"] = True
+        # The session's own HTTP client (it retries a keep-alive connection the server
+        # closed): the overhead measured is the one a rollout pays.
         started = time.perf_counter()
-        try:
-            reply = await self.client.post(f"/v1/trajectories/{tid}/generate", json=body)
-        except httpx.TransportError:
-            # A keep-alive connection the server closed just as it was reused (seen once in
-            # ~2,000 requests): send it again on a fresh one. The timings are the worker's.
-            started = time.perf_counter()
-            reply = await self.client.post(f"/v1/trajectories/{tid}/generate", json=body)
-        reply.raise_for_status()
-        answer: dict[str, Any] = reply.json()
+        path = f"/v1/trajectories/{tid}/generate"
+        status, reply = await self.client.request("POST", path, _json.dumps(body), timeout=600)
+        if status != 200:
+            raise ConfigError(f"profile step {path}: {status} {reply[:300]!r}")
+        answer: dict[str, Any] = _json.loads(reply)
         answer["client_s"] = time.perf_counter() - started
         self.overheads.append(answer["client_s"] - _engine_s(answer["timings"]))
         return answer
@@ -174,8 +172,8 @@ class _Driver:
 
     async def drop(self, tids: Sequence[str]) -> None:
         for tid in tids:
-            with contextlib.suppress(httpx.TransportError):  # it goes when the worker stops
-                await self.client.delete(f"/v1/trajectories/{tid}")
+            with contextlib.suppress(HttpError):  # it goes when the worker stops
+                await self.client.request("DELETE", f"/v1/trajectories/{tid}")
 
     def fresh(self, n: int) -> list[str]:
         self.count += n
@@ -216,10 +214,10 @@ async def _measure_one(
 ) -> tuple[dict[tuple[int, int], list[float]], dict[int, list[float]], _Driver]:
     """One worker's decode and prefill times per point, and its requests' overheads."""
     url = worker.url
-    headers = {} if worker.token is None else {"Authorization": f"Bearer {worker.token}"}
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600) as client:
-        state = (await client.get("/v1/state")).json()
-        driver = _Driver(client, int(state["vocab_size"]), seed)
+    client = HttpPool(url, rollout.trajectories_per_worker + 8, token=worker.token)
+    try:
+        _, state_body = await client.request("GET", "/v1/state")
+        driver = _Driver(client, int(_json.loads(state_body)["vocab_size"]), seed)
         await driver.decode(2, 64)  # warm-up: first requests pay one-off costs
         driver.overheads.clear()
         # Every repeat visits the grid in a fresh order, so load from elsewhere on a
@@ -239,6 +237,8 @@ async def _measure_one(
             *(driver.trajectory(deadline) for _ in range(rollout.trajectories_per_worker))
         )
         progress(f"{url}: rollout-shaped load, {len(driver.rollout_steps)} steps")
+    finally:
+        await client.aclose()
     return decode, prefill, driver
 
 

@@ -37,11 +37,11 @@ from heddle.worker._client import WorkerEndpoint
 __all__ = ["bench_control_loop", "bench_engines", "plot_engines", "run_session_bench"]
 
 
-def _pool_spec_perf() -> Any:
+def _pool_spec_perf(options: LocalWorkerOptions | None = None) -> Any:
     from heddle.api._manifests import EnginePoolSpec, VLLMSpec  # noqa: PLC0415
 
     spec = EnginePoolSpec("bench", "default", "tiny", "", 2, 2, (1, 2), None, VLLMSpec())
-    return perf_model_for(spec)
+    return perf_model_for(spec, options)
 
 
 async def _one_run(
@@ -102,9 +102,12 @@ def bench_engines(
 ) -> dict[str, Any]:
     """A/B of ``policies`` on one set of local workers; see the module docstring.
 
-    ``perf`` is the planners' performance model (default: Qwen3-8B on H100,
-    what ``heddle run`` plans with for a model that is not a preset).
+    ``perf`` is the planners' performance model (default: what ``heddle run``
+    plans with on these workers: the shipped CPU profile for vLLM on the tiny
+    model, else Qwen3-8B on H100).
     """
+    if perf is None:
+        perf = _pool_spec_perf(options)
     tasks = synthetic_tasks(workload.prompts, workload, seed)
     pool = LocalPool(tps, options)
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
