@@ -67,7 +67,9 @@ from ._predictor import (
 )
 from ._profiled import (
     PROFILE_FORMAT,
+    DecodeFit,
     EngineProfile,
+    PrefillFit,
     ProfiledPerfModel,
     StepOverhead,
     fit_decode,
@@ -100,6 +102,7 @@ __all__ = [
     "ClusterSpec",
     "ClusterView",
     "DPPlacement",
+    "DecodeFit",
     "Distribution",
     "EngineInstance",
     "EngineProfile",
@@ -124,6 +127,7 @@ __all__ = [
     "Prediction",
     "PredictorConfig",
     "PredictorQuality",
+    "PrefillFit",
     "ProfiledPerfModel",
     "ProgressPredictor",
     "ProgressivePriority",

@@ -44,7 +44,7 @@ from typing import Any
 
 from heddle.exceptions import ConfigError
 from heddle.rollout._local import LocalPool, LocalWorkerOptions
-from heddle.scheduler import PROFILE_FORMAT, fit_decode, fit_prefill
+from heddle.scheduler import PROFILE_FORMAT, DecodeFit, PrefillFit, fit_decode, fit_prefill
 from heddle.worker import _json
 from heddle.worker._client import WorkerEndpoint
 from heddle.worker._http import HttpError, HttpPool
@@ -106,6 +106,7 @@ class _Driver:
         self.overheads: list[float] = []  # client time beyond the engine core's, per request
         # Per step of the rollout-shaped load: where the time outside the engine core went.
         self.rollout_steps: list[dict[str, float]] = []
+        self.in_flight = 0  # steps of the rollout-shaped load under way on this worker
 
     def tokens(self, n: int) -> list[int]:
         # Random ids: no two contexts share a prefix, so nothing comes from the cache.
@@ -149,12 +150,24 @@ class _Driver:
             (tid,) = self.fresh(1)
             messages = [{"role": "user", "content": self.words(_ROLLOUT_PROMPT_WORDS)}]
             for turn in range(_ROLLOUT_TURNS):
-                reply = await self.step(
-                    tid, None, self.rng.randint(low, high), messages=messages, reset=turn == 0
-                )
+                self.in_flight += 1
+                sent_with = self.in_flight
+                try:
+                    reply = await self.step(
+                        tid, None, self.rng.randint(low, high), messages=messages, reset=turn == 0
+                    )
+                finally:
+                    self.in_flight -= 1
                 t = reply["timings"]
                 self.rollout_steps.append(
                     {
+                        # What the engine did for the step, against the fits (bench_profile).
+                        "in_flight": float(sent_with),
+                        "tokens": float(len(reply["token_ids"])),
+                        "context_tokens": float(reply["context_tokens"]),
+                        "uncached_tokens": float(reply["prompt_tokens"] - reply["cached_tokens"]),
+                        "prefill_s": float(t["prefill_s"]),
+                        "decode_s": float(t["decode_s"]),
                         "outside_engine_s": reply["client_s"] - _engine_s(t),
                         "http_s": reply["client_s"] - float(t.get("handle_s") or t["total_s"]),
                         "worker_s": float(t.get("handle_s") or t["total_s"]) - t["total_s"],
@@ -278,6 +291,37 @@ async def _measure(
         "decode_points": decode,
         "prefill_points": prefill,
         "step_overhead": _overhead_summary(isolated, steps, rollout_trajectories, rollout_seconds),
+        "rollout_steps": steps,
+    }
+
+
+def rollout_scales(
+    steps: Sequence[dict[str, float]], decode: DecodeFit, prefill: PrefillFit, batch_cap: int
+) -> dict[str, float]:
+    """How much slower the engine core ran under the rollout-shaped load than the fits say.
+
+    Decode: the steps' engine-core decode time over what the fit gives for their
+    iterations, at the batch the worker ran (its in-flight steps up to the cap)
+    and that batch's context (this step's, times the batch). Prefill: the steps'
+    time from being scheduled to the first token over the fit's prefill of their
+    uncached tokens. Ratios of sums: a makespan adds iterations up. Both 1.0
+    when the load gave nothing to compare.
+    """
+    real_decode = fit_decode_total = real_prefill = fit_prefill_total = 0.0
+    for s in steps:
+        iterations = s["tokens"] - 1
+        if iterations >= 1:
+            batch = int(min(batch_cap, max(1.0, s["in_flight"])))
+            fixed, slope = decode.at(batch)
+            context = batch * (s["context_tokens"] - s["tokens"] / 2)
+            real_decode += s["decode_s"]
+            fit_decode_total += iterations * (fixed + slope * context)
+        if s["uncached_tokens"] > 0:
+            real_prefill += s["prefill_s"]
+            fit_prefill_total += prefill.time(int(s["uncached_tokens"]))
+    return {
+        "decode_scale": real_decode / fit_decode_total if fit_decode_total > 0 else 1.0,
+        "prefill_scale": real_prefill / fit_prefill_total if fit_prefill_total > 0 else 1.0,
     }
 
 
@@ -370,6 +414,7 @@ def bench_profile(
     spec = model_spec_of(model)
     decode = fit_decode([(int(b), c, s) for b, c, s in measured["decode_points"]])
     prefill = fit_prefill([(int(n), s) for n, s in measured["prefill_points"]])
+    scales = rollout_scales(measured["rollout_steps"], decode, prefill, max(batches))
     residuals = [
         s / (decode.at(int(b))[0] + decode.at(int(b))[1] * c) - 1.0
         for b, c, s in measured["decode_points"]
@@ -396,6 +441,8 @@ def bench_profile(
         # What the simulator adds to every step on profiled engines (ARRIVE).
         "request_overhead_s": measured["step_overhead"]["rollout_mean_s"],
         "step_overhead": measured["step_overhead"],
+        # The engine core under the rollout-shaped load against the grid's fits.
+        **scales,
         "decode": {
             "1": {
                 "batch_sizes": list(decode.batch_sizes),
@@ -417,6 +464,10 @@ def bench_profile(
     path = out / f"profile-{name}.json"
     path.write_text(json.dumps(profile, indent=1) + "\n", encoding="utf-8")
     over = measured["step_overhead"]
+    progress(
+        f"rollout-shaped load against the fits: decode x{scales['decode_scale']:.2f}, "
+        f"prefill x{scales['prefill_scale']:.2f}"
+    )
     progress(
         f"step overhead outside the engine: {over['isolated_median_s'] * 1e3:.1f} ms isolated "
         f"(median), {over['rollout_mean_s'] * 1e3:.1f} ms rollout-shaped (mean; median "
