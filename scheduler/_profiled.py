@@ -12,11 +12,13 @@ The form, per TP degree (nonnegative least squares over every measured point)::
     iteration_time(b, C) = fixed + per_sequence * b + per_context_token * C   (C: batch context)
     prefill_time(n)      = fixed_s + per_token_s * n + per_token_squared_s * n^2
 
-Both scaled by what the profile measured on a rollout-shaped load
-(``decode_scale``, ``prefill_scale``: the engine core's time there over the
-fits' on the same steps; 1 when absent): the grid's controlled batches leave
-the cores to the engines, a rollout shares them with the workers' API
-processes and the session, and new requests join all the time.
+Decode scaled by what the profile measured on a rollout-shaped load
+(``decode_scale``: the engine core's decode time there over the fit's for the
+same iterations; 1 when absent): the grid's controlled batches leave the
+cores to the engines, a rollout shares them with the workers' API processes
+and the session, and new requests join all the time. Prefill is not scaled:
+on a running engine vLLM's time to the first token is a whole mixed
+iteration, so the same ratio for prefill mixes the batch's decode into it.
 
 Linear in ``C`` because attention reads each resident token's KV once per
 step (the profile's residuals say how well that holds); it also keeps
@@ -144,9 +146,8 @@ class EngineProfile:
     # Per step, outside the engine core (client's clock minus the engine core's time).
     request_overhead_s: float = 0.0
     step_overhead: StepOverhead | None = None  # how request_overhead_s was measured
-    # The engine core under a rollout-shaped load over the fits (measured; 1: as fitted).
+    # The engine core's decode under a rollout-shaped load over the fit's (1: as fitted).
     decode_scale: float = 1.0
-    prefill_scale: float = 1.0
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -204,14 +205,13 @@ class EngineProfile:
         overhead = data.get("request_overhead_s", fallback)
         if isinstance(overhead, bool) or not isinstance(overhead, int | float) or overhead < 0:
             raise WorkloadError(f"{source}: request_overhead_s must be a number >= 0")
-        scales = {key: data.get(key, 1.0) for key in ("decode_scale", "prefill_scale")}
-        for key, value in scales.items():
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise WorkloadError(f"{source}: {key} must be a number > 0")
+        scale = data.get("decode_scale", 1.0)
+        if isinstance(scale, bool) or not isinstance(scale, int | float) or not scale > 0:
+            raise WorkloadError(f"{source}: decode_scale must be a number > 0")
         name = str(data.get("name", source))
         return cls(
             name, model, kv, decode, prefill, source, float(overhead), step_overhead,
-            float(scales["decode_scale"]), float(scales["prefill_scale"]), data,
+            float(scale), data,
         )  # fmt: skip
 
 
@@ -336,7 +336,7 @@ class ProfiledPerfModel(PerfModel):
         if fit is None:
             self._decode(1, tp)  # raises the sentence naming the profiled TP degrees
             return 0.0
-        return fit.time(tokens) * self.profile.prefill_scale
+        return fit.time(tokens)
 
     def decode_work_floor(self, tokens: float, context_sum: float, tp: int) -> float:
         """GPU-seconds at least spent decoding ``tokens`` whose contexts sum to ``context_sum``.

@@ -300,12 +300,14 @@ def rollout_scales(
 ) -> dict[str, float]:
     """How much slower the engine core ran under the rollout-shaped load than the fits say.
 
-    Decode: the steps' engine-core decode time over what the fit gives for their
-    iterations, at the batch the worker ran (its in-flight steps up to the cap)
-    and that batch's context (this step's, times the batch). Prefill: the steps'
-    time from being scheduled to the first token over the fit's prefill of their
-    uncached tokens. Ratios of sums: a makespan adds iterations up. Both 1.0
-    when the load gave nothing to compare.
+    ``decode_scale`` (the simulator uses it): the steps' engine-core decode time
+    over what the fit gives for their iterations, at the batch the worker ran
+    (its in-flight steps up to the cap) and that batch's context (this step's,
+    times the batch). ``first_token_over_prefill_fit`` (recorded, not used): the
+    steps' time from being scheduled to the first token over the fit's prefill
+    of their uncached tokens; on a running engine that is a whole mixed
+    iteration, the batch's decode included, so it is no prefill cost. Ratios of
+    sums: a makespan adds iterations up. 1.0 when the load gave nothing.
     """
     real_decode = fit_decode_total = real_prefill = fit_prefill_total = 0.0
     for s in steps:
@@ -321,7 +323,9 @@ def rollout_scales(
             fit_prefill_total += prefill.time(int(s["uncached_tokens"]))
     return {
         "decode_scale": real_decode / fit_decode_total if fit_decode_total > 0 else 1.0,
-        "prefill_scale": real_prefill / fit_prefill_total if fit_prefill_total > 0 else 1.0,
+        "first_token_over_prefill_fit": (
+            real_prefill / fit_prefill_total if fit_prefill_total > 0 else 1.0
+        ),
     }
 
 
@@ -440,9 +444,12 @@ def bench_profile(
         "kv_capacity_tokens": {"1": kv_cache_gib * 2**30 // _kv_bytes_per_token(spec)},
         # What the simulator adds to every step on profiled engines (ARRIVE).
         "request_overhead_s": measured["step_overhead"]["rollout_mean_s"],
-        "step_overhead": measured["step_overhead"],
-        # The engine core under the rollout-shaped load against the grid's fits.
-        **scales,
+        "step_overhead": {
+            **measured["step_overhead"],
+            "first_token_over_prefill_fit": scales["first_token_over_prefill_fit"],
+        },
+        # The engine core's decode under the rollout-shaped load against the grid's fit.
+        "decode_scale": scales["decode_scale"],
         "decode": {
             "1": {
                 "batch_sizes": list(decode.batch_sizes),
@@ -465,8 +472,8 @@ def bench_profile(
     path.write_text(json.dumps(profile, indent=1) + "\n", encoding="utf-8")
     over = measured["step_overhead"]
     progress(
-        f"rollout-shaped load against the fits: decode x{scales['decode_scale']:.2f}, "
-        f"prefill x{scales['prefill_scale']:.2f}"
+        f"rollout-shaped load against the fits: decode x{scales['decode_scale']:.2f} "
+        f"(first token x{scales['first_token_over_prefill_fit']:.2f} the prefill fit; not used)"
     )
     progress(
         f"step overhead outside the engine: {over['isolated_median_s'] * 1e3:.1f} ms isolated "

@@ -29,8 +29,9 @@ def test_scales_compare_the_engine_core_with_the_fits_at_the_batch_it_ran() -> N
     steps.append(_step(1, 300, 1, 0.0, 3 * prefill.time(100)))
     got = rollout_scales(steps, decode, prefill, batch_cap=8)
     assert got["decode_scale"] == pytest.approx(2.0)
-    assert got["prefill_scale"] == pytest.approx(3.0)
-    assert rollout_scales([], decode, prefill, 8) == {"decode_scale": 1.0, "prefill_scale": 1.0}
+    assert got["first_token_over_prefill_fit"] == pytest.approx(3.0)
+    empty = rollout_scales([], decode, prefill, 8)
+    assert empty == {"decode_scale": 1.0, "first_token_over_prefill_fit": 1.0}
 
 
 def test_the_overhead_summary_takes_the_mean_and_says_where_it_went() -> None:

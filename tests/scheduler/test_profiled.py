@@ -196,19 +196,19 @@ def test_the_shipped_cpu_profile_carries_its_rollout_shaped_overhead() -> None:
     assert profile.step_overhead.rollout_mean_s >= profile.step_overhead.isolated_median_s
 
 
-def test_rollout_scales_multiply_the_fits_and_bad_ones_get_a_sentence() -> None:
+def test_the_rollout_decode_scale_multiplies_decode_only_and_bad_ones_get_a_sentence() -> None:
     plain = _model()
     scaled = ProfiledPerfModel.from_profile(
-        EngineProfile.from_dict({**_profile_dict(), "decode_scale": 2.0, "prefill_scale": 1.5}), 8
+        EngineProfile.from_dict({**_profile_dict(), "decode_scale": 2.0}), 8
     )
     assert scaled.iteration_time(4, 2000, 1) == pytest.approx(2 * plain.iteration_time(4, 2000, 1))
     assert scaled.segment_time(4, 2000, 1, 30) == pytest.approx(
         2 * plain.segment_time(4, 2000, 1, 30)
     )
-    assert scaled.prefill_time(500, 1) == pytest.approx(1.5 * plain.prefill_time(500, 1))
     assert scaled.decode_work_floor(100, 5000, 1) == pytest.approx(
         2 * plain.decode_work_floor(100, 5000, 1)
     )
+    assert scaled.prefill_time(500, 1) == plain.prefill_time(500, 1)
     for bad in (0, -1.0, True, "2"):
         with pytest.raises(WorkloadError, match="decode_scale must be a number > 0"):
             EngineProfile.from_dict({**_profile_dict(), "decode_scale": bad})
