@@ -143,8 +143,11 @@ def outside_engine_per_step(records: Sequence[Mapping[str, Any]], mean: bool = F
     The simulator knows only the profile's ``request_overhead_s`` for it. Records
     written before ``engine_s`` existed fall back to the worker's whole engine call.
     """
-    rows = [
-        (t["duration_s"] - t["tool_s"] - t.get("engine_s", t["generate_s"]), r["turns"])
+    rows: list[tuple[float, int]] = [
+        (
+            float(t["duration_s"] - t["tool_s"] - t.get("engine_s", t["generate_s"])),
+            int(r["turns"]),
+        )
         for r in records
         if r.get("turns") and (t := r["timings"])
     ]
