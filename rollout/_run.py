@@ -183,11 +183,16 @@ def perf_model_for(pool: EnginePoolSpec, options: LocalWorkerOptions | None = No
     Local vLLM workers on the tiny model (``options``: vLLM's CPU build here) plan
     with the shipped engine profile measured on them (``vllm-cpu-tiny``, at the
     workers' batch cap): a datasheet model of an H100 is off by orders of magnitude
-    there. Otherwise the pool's model if it is a preset, else Qwen3-8B, on an H100.
+    there. Only where the profile measured a TP degree the pool may use and every
+    pinned one (it holds TP1 only). Otherwise the pool's model if it is a preset,
+    else Qwen3-8B, on an H100.
     """
     if options is not None and options.engine == "vllm" and is_tiny_model(options.model):
         profile = load_profile("vllm-cpu-tiny")
-        return ProfiledPerfModel.from_profile(profile, batch_cap=options.max_num_seqs)
+        pinned = set(pool.shape.tps()) if pool.shape is not None else set()
+        usable = set(pool.tensor_parallel_sizes) & set(profile.tps)
+        if usable and pinned <= set(profile.tps):
+            return ProfiledPerfModel.from_profile(profile, batch_cap=options.max_num_seqs)
     lowered = pool.model.lower()
     model = next((m for m in MODEL_PRESETS if m in lowered), "qwen3-8b")
     return PerfModel(MODEL_PRESETS[model], HARDWARE_PRESETS["h100-sxm"])
@@ -224,7 +229,10 @@ def plan_pool(local: LocalJob, perf: PerfModel) -> PoolPlan:
     pool = local.pool
     if pool.shape is not None:
         return PoolPlan(pool.shape, local.job.policy)
-    smallest = min(pool.tensor_parallel_sizes)
+    sizes = pool.tensor_parallel_sizes
+    if isinstance(perf, ProfiledPerfModel):  # plan only on what the profile measured
+        sizes = tuple(tp for tp in sizes if tp in perf.profile.tps)
+    smallest = min(sizes)
     baseline = PoolShape.of({smallest: pool.gpus // smallest})
     policy = get_policy(local.job.policy)
     if not policy.adaptive_shape or policy.predictor is None:
@@ -254,7 +262,7 @@ def plan_pool(local: LocalJob, perf: PerfModel) -> PoolPlan:
     config = ShapeConfig(
         gpu_budget=pool.gpus,
         gpus_per_node=pool.gpus_per_node,
-        tensor_parallel_sizes=pool.tensor_parallel_sizes,
+        tensor_parallel_sizes=sizes,
     )
     # No running shape to weigh a reshape against: the pool takes the plan (the
     # operator reshapes to it), and its fallback and cap were scored on that shape.

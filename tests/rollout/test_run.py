@@ -327,10 +327,12 @@ def test_a_full_disk_stops_the_run_with_whole_records_only(tmp_path: Path) -> No
 def test_local_vllm_on_the_tiny_model_plans_with_the_shipped_cpu_profile(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from dataclasses import replace
+
     from heddle.api._manifests import EnginePoolSpec, VLLMSpec
     from heddle.rollout._local import TINY_DIR, LocalWorkerOptions
-    from heddle.rollout._run import perf_model_for
-    from heddle.scheduler import ProfiledPerfModel
+    from heddle.rollout._run import perf_model_for, plan_pool, prepare_job
+    from heddle.scheduler import PoolShape, ProfiledPerfModel
 
     monkeypatch.chdir(tmp_path)  # TINY_DIR is relative to where heddle run runs
     pool = EnginePoolSpec("p", "default", "tiny", "", 2, 2, (1,), None, VLLMSpec())
@@ -348,3 +350,13 @@ def test_local_vllm_on_the_tiny_model_plans_with_the_shipped_cpu_profile(
         None,
     ):
         assert type(perf_model_for(pool, options)).__name__ == "PerfModel", options
+    # The profile holds TP1 only: a pool pinned at TP2 plans on the datasheet model, one
+    # that may choose is planned on TP1 alone.
+    pinned = replace(pool, tensor_parallel_sizes=(1, 2), shape=PoolShape.of({2: 1}))
+    assert type(perf_model_for(pinned, tiny)).__name__ == "PerfModel"
+    free = replace(pool, tensor_parallel_sizes=(1, 2))
+    examples = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+    job = prepare_job(examples / "job.yaml", examples / "pool.yaml")
+    local = replace(job, pool=free)
+    plan = plan_pool(local, perf_model_for(free, tiny))
+    assert set(plan.shape.tps()) == {1}
