@@ -19,7 +19,7 @@ their HTTP API; their measurements are pooled:
   worker as the rollout runs, with tool gaps, for ``rollout_seconds``), whose
   mean is the profile's ``request_overhead_s``: in a rollout the API process
   shares the cores with busy engines and new requests arrive all the time,
-  and the step's time outside the engine was 3-10x the isolated figure
+  and the step's time outside the engine was 4-20x the isolated figure
   (docs/benchmarks.md, Fidelity). The mean, not the median: a trajectory's
   makespan adds up its steps' overheads, and their tail is long.
 
@@ -243,12 +243,14 @@ async def _measure_one(
                 decode[(batch, context)].append(await driver.decode(batch, context))
             progress(f"{url}: decode grid, repeat {r + 1}/{repeats} done")
         prefill = {n: [await driver.prefill(n) for _ in range(repeats)] for n in prefills}
+        isolated = len(driver.overheads)  # the controlled batches' requests end here
         # Every worker starts the rollout-shaped load at once, as they run in a rollout.
         await rollout.barrier.wait()
         deadline = time.perf_counter() + rollout.seconds
         await asyncio.gather(
             *(driver.trajectory(deadline) for _ in range(rollout.trajectories_per_worker))
         )
+        del driver.overheads[isolated:]  # those steps are in rollout_steps
         progress(f"{url}: rollout-shaped load, {len(driver.rollout_steps)} steps")
     finally:
         await client.aclose()
