@@ -59,9 +59,11 @@ from ._hosts import (
 )
 from ._local import (
     TINY,
+    TINY_DIR,
     LocalPool,
     LocalWorkerOptions,
     die_with_parent,
+    is_tiny_model,
     local_model_dir,
     worker_options,
 )
@@ -154,6 +156,7 @@ __all__ = [
     "GATEWAY_TOKEN_ENV",
     "MAX_REPLY_BYTES",
     "TINY",
+    "TINY_DIR",
     "TRAINERS",
     "TRAINER_KEYS",
     "TRAJECTORY_HEADER",
@@ -216,6 +219,7 @@ __all__ = [
     "export_rows",
     "first_difference",
     "gateway_file",
+    "is_tiny_model",
     "job_workload",
     "load_bench_workload",
     "load_cluster",

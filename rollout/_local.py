@@ -40,9 +40,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TINY",
+    "TINY_DIR",
     "LocalPool",
     "LocalWorkerOptions",
     "die_with_parent",
+    "is_tiny_model",
     "local_model_dir",
     "worker_options",
 ]
@@ -249,6 +251,12 @@ class LocalPool:
 
 
 TINY = "tiny"
+TINY_DIR = Path(".heddle/models/tiny")  # where the tiny model is generated, per working directory
+
+
+def is_tiny_model(model_dir: str | None) -> bool:
+    """Whether local workers load the generated tiny model (what ``local_model_dir`` gives)."""
+    return model_dir is not None and Path(model_dir).resolve() == TINY_DIR.resolve()
 
 
 def local_model_dir(pool_model: str, override: str | None) -> str:
@@ -261,7 +269,7 @@ def local_model_dir(pool_model: str, override: str | None) -> str:
                 "a model on disk: use 'model: tiny' in the pool, --model DIR, or --engine sim"
             )
         return model
-    path = Path(".heddle/models/tiny")
+    path = TINY_DIR
     if not (path / "config.json").exists():
         try:
             from heddle.worker._tiny_model import write_tiny_model  # noqa: PLC0415

@@ -58,6 +58,7 @@ class TrajectoryRun:
     finished_at: float = 0.0
     queue_s: float = 0.0
     generate_s: float = 0.0
+    engine_s: float = 0.0  # of generate_s, in the engine core (queue, prefill, decode)
     status: TrajectoryStatus = TrajectoryStatus.RUNNING
     finish_reason: str = ""
     error: str | None = None
@@ -94,6 +95,7 @@ class TrajectoryRun:
         self.steps_on.append(worker)
         self.queue_s += reply.queue_s
         self.generate_s += reply.total_s
+        self.engine_s += reply.engine_s
         traj = self.traj
         traj.turns += 1
         traj.turn_tokens.append(len(reply.token_ids))
@@ -108,7 +110,7 @@ class TrajectoryRun:
         self.prompt_len, self.resident = None, None
         self.tool_calls = self.tool_errors = 0
         self.tool_latency_s, self.tool_output_tokens, self.migrations = [], [], []
-        self.queue_s = self.generate_s = 0.0
+        self.queue_s = self.generate_s = self.engine_s = 0.0
         traj = self.traj
         traj.turns = traj.generated_tokens = traj.tool_calls = 0
         traj.turn_tokens = []
@@ -156,6 +158,7 @@ class TrajectoryRun:
                 "duration_s": finished - self.started_at if self.started_at else 0.0,
                 "queue_s": self.queue_s,
                 "generate_s": self.generate_s,
+                "engine_s": self.engine_s,
                 "tool_s": self.episode.tool_seconds,
             },
             "placement": {

@@ -31,9 +31,11 @@ from heddle.scheduler import (
     FinishedTrajectory,
     PerfModel,
     PoolShape,
+    ProfiledPerfModel,
     ShapeConfig,
     WorkloadSpec,
     get_policy,
+    load_profile,
     make_predictor,
 )
 from heddle.scheduler.sim import SimulatedShapePlanner
@@ -43,7 +45,7 @@ from ._environments import Environment, SyntheticEnvironment, synthetic_tasks
 from ._external import ExternalEnvironment
 from ._gateway import Gateway
 from ._hosts import HostAllowList, check_tool_hosts
-from ._local import LocalPool, LocalWorkerOptions
+from ._local import LocalPool, LocalWorkerOptions, is_tiny_model
 from ._output import OutputSink
 from ._presets import WORKLOAD_PRESETS, load_workload
 from ._progress import Progress, SessionMetrics
@@ -199,8 +201,22 @@ def resolve_job(
     )
 
 
-def perf_model_for(pool: EnginePoolSpec) -> PerfModel:
-    """The planner's performance model: the pool's model if it is a preset, else Qwen3-8B."""
+def perf_model_for(pool: EnginePoolSpec, options: LocalWorkerOptions | None = None) -> PerfModel:
+    """The planner's performance model.
+
+    Local vLLM workers on the tiny model (``options``: vLLM's CPU build here) plan
+    with the shipped engine profile measured on them (``vllm-cpu-tiny``, at the
+    workers' batch cap): a datasheet model of an H100 is off by orders of magnitude
+    there. Only where the profile measured a TP degree the pool may use and every
+    pinned one (it holds TP1 only). Otherwise the pool's model if it is a preset,
+    else Qwen3-8B, on an H100.
+    """
+    if options is not None and options.engine == "vllm" and is_tiny_model(options.model):
+        profile = load_profile("vllm-cpu-tiny")
+        pinned = set(pool.shape.tps()) if pool.shape is not None else set()
+        usable = set(pool.tensor_parallel_sizes) & set(profile.tps)
+        if usable and pinned <= set(profile.tps):
+            return ProfiledPerfModel.from_profile(profile, batch_cap=options.max_num_seqs)
     lowered = pool.model.lower()
     model = next((m for m in MODEL_PRESETS if m in lowered), "qwen3-8b")
     return PerfModel(MODEL_PRESETS[model], HARDWARE_PRESETS["h100-sxm"])
@@ -237,7 +253,10 @@ def plan_pool(local: LocalJob, perf: PerfModel) -> PoolPlan:
     pool = local.pool
     if pool.shape is not None:
         return PoolPlan(pool.shape, local.job.policy)
-    smallest = min(pool.tensor_parallel_sizes)
+    sizes = pool.tensor_parallel_sizes
+    if isinstance(perf, ProfiledPerfModel):  # plan only on what the profile measured
+        sizes = tuple(tp for tp in sizes if tp in perf.profile.tps)
+    smallest = min(sizes)
     baseline = PoolShape.of({smallest: pool.gpus // smallest})
     policy = get_policy(local.job.policy)
     if not policy.adaptive_shape or policy.predictor is None:
@@ -267,7 +286,7 @@ def plan_pool(local: LocalJob, perf: PerfModel) -> PoolPlan:
     config = ShapeConfig(
         gpu_budget=pool.gpus,
         gpus_per_node=pool.gpus_per_node,
-        tensor_parallel_sizes=pool.tensor_parallel_sizes,
+        tensor_parallel_sizes=sizes,
     )
     # No running shape to weigh a reshape against: the pool takes the plan (the
     # operator reshapes to it), and its fallback and cap were scored on that shape.
@@ -398,7 +417,7 @@ async def run_local(
     An ``external`` job serves its gateway meanwhile: ``on_gateway(url, token)``
     hears where, and ``OUTPUT.gateway.json`` (readable by its owner only) says it too.
     """
-    perf = perf_model_for(local.pool)
+    perf = perf_model_for(local.pool, options)
     plan = plan_pool(local, perf)
     shape = plan.shape
     # Locked and checked before any worker starts: a second run on this output stops here.

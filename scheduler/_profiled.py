@@ -12,6 +12,14 @@ The form, per TP degree (nonnegative least squares over every measured point)::
     iteration_time(b, C) = fixed + per_sequence * b + per_context_token * C   (C: batch context)
     prefill_time(n)      = fixed_s + per_token_s * n + per_token_squared_s * n^2
 
+Decode scaled by what the profile measured on a rollout-shaped load
+(``decode_scale``: the engine core's decode time there over the fit's for the
+same iterations; 1 when absent): the grid's controlled batches leave the
+cores to the engines, a rollout shares them with the workers' API processes
+and the session, and new requests join all the time. Prefill is not scaled:
+on a running engine vLLM's time to the first token is a whole mixed
+iteration, so the same ratio for prefill mixes the batch's decode into it.
+
 Linear in ``C`` because attention reads each resident token's KV once per
 step (the profile's residuals say how well that holds); it also keeps
 :meth:`segment_time` a closed form, which the simulator needs to jump from
@@ -43,6 +51,7 @@ __all__ = [
     "EngineProfile",
     "PrefillFit",
     "ProfiledPerfModel",
+    "StepOverhead",
     "fit_decode",
     "fit_prefill",
     "load_profile",
@@ -94,6 +103,37 @@ class PrefillFit:
 
 
 @dataclass(frozen=True)
+class StepOverhead:
+    """How a profile measured a step's time outside the engine core (seconds per step).
+
+    ``isolated_median_s`` on controlled batches; ``rollout_*`` on a rollout-shaped
+    load (multi-turn chat trajectories with tool gaps, ``trajectories_per_worker``
+    at once). The simulator uses ``rollout_mean_s``: a makespan adds up steps.
+    """
+
+    isolated_median_s: float
+    rollout_mean_s: float
+    rollout_median_s: float
+    trajectories_per_worker: int
+
+    def __post_init__(self) -> None:
+        times = (self.isolated_median_s, self.rollout_mean_s, self.rollout_median_s)
+        if any(not t >= 0 for t in times) or self.trajectories_per_worker < 1:
+            raise WorkloadError(
+                "step_overhead: times must be numbers >= 0 and trajectories_per_worker >= 1"
+            )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepOverhead:
+        return cls(
+            float(data["isolated_median_s"]),
+            float(data["rollout_mean_s"]),
+            float(data["rollout_median_s"]),
+            int(data["rollout_trajectories_per_worker"]),
+        )
+
+
+@dataclass(frozen=True)
 class EngineProfile:
     """What ``heddle bench profile`` measured on one engine (one model, some TP degrees)."""
 
@@ -103,7 +143,11 @@ class EngineProfile:
     decode: Mapping[int, DecodeFit]
     prefill: Mapping[int, PrefillFit]
     source: str = "profile"
-    request_overhead_s: float = 0.0  # per step, outside the engine (client clock - worker's)
+    # Per step, outside the engine core (client's clock minus the engine core's time).
+    request_overhead_s: float = 0.0
+    step_overhead: StepOverhead | None = None  # how request_overhead_s was measured
+    # The engine core's decode under a rollout-shaped load over the fit's (1: as fitted).
+    decode_scale: float = 1.0
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -145,6 +189,8 @@ class EngineProfile:
                 )
                 for tp, p in data["prefill"].items()
             }
+            measured = data.get("step_overhead")
+            step_overhead = None if measured is None else StepOverhead.from_dict(measured)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise WorkloadError(
                 f"{source}: malformed engine profile ({type(exc).__name__}: {exc}); "
@@ -154,11 +200,19 @@ class EngineProfile:
             raise WorkloadError(
                 f"{source}: decode, prefill and kv_capacity_tokens must cover the same TP degrees"
             )
-        overhead = data.get("request_overhead_s", 0.0)
+        # A profile with only the measurement section uses its rollout-shaped mean.
+        fallback = 0.0 if step_overhead is None else step_overhead.rollout_mean_s
+        overhead = data.get("request_overhead_s", fallback)
         if isinstance(overhead, bool) or not isinstance(overhead, int | float) or overhead < 0:
             raise WorkloadError(f"{source}: request_overhead_s must be a number >= 0")
+        scale = data.get("decode_scale", 1.0)
+        if isinstance(scale, bool) or not isinstance(scale, int | float) or not scale > 0:
+            raise WorkloadError(f"{source}: decode_scale must be a number > 0")
         name = str(data.get("name", source))
-        return cls(name, model, kv, decode, prefill, source, float(overhead), data)
+        return cls(
+            name, model, kv, decode, prefill, source, float(overhead), step_overhead,
+            float(scale), data,
+        )  # fmt: skip
 
 
 def load_profile(name_or_path: str | Path, base_dir: Path | None = None) -> EngineProfile:
@@ -249,7 +303,9 @@ class ProfiledPerfModel(PerfModel):
                 f"(it has TP {list(self.profile.tps)}); restrict tensor_parallel_sizes to "
                 "those or profile a worker at that TP"
             )
-        return fit.at(batch)
+        fixed, slope = fit.at(batch)
+        scale = self.profile.decode_scale
+        return fixed * scale, slope * scale
 
     @property
     def step_overhead_s(self) -> float:

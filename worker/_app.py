@@ -469,6 +469,7 @@ def create_app(
         trajectory_id: str, body: GenerateRequest, request: Request, previous: list[int] | None
     ) -> Response | None:
         """The step's answer, or ``None`` if the client went away before it finished."""
+        received = time.monotonic()
         held = [] if body.reset or previous is None else previous
         appended = await _appended(body, held)
         if body.reset and not appended:
@@ -537,6 +538,7 @@ def create_app(
                 prefill_s=output.prefill_s,
                 decode_s=output.decode_s,
                 total_s=total,
+                handle_s=time.monotonic() - received,
             ),
         )
         # Built and typed above; sent as is, so FastAPI does not validate it a second time.

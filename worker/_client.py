@@ -51,6 +51,7 @@ class StepReply:
     logprobs: list[float | None] | None  # null where JSON cannot carry the value (-inf, NaN)
     queue_s: float
     total_s: float
+    engine_s: float = 0.0  # in the engine core: queue, prefill and decode (the worker's timings)
     # With tool_parser, from the worker's (vLLM's) parser: OpenAI-format calls and the prose.
     tool_calls: list[dict[str, Any]] | None = None
     content: str | None = None
@@ -140,6 +141,7 @@ class WorkerClient:
             json_body=body,
             timeout=self.step_timeout_s,
         )
+        timings = data["timings"]
         return StepReply(
             appended_token_ids=list(data.get("appended_token_ids", [])),
             token_ids=list(data["token_ids"]),
@@ -148,8 +150,11 @@ class WorkerClient:
             prompt_tokens=int(data["prompt_tokens"]),
             cached_tokens=int(data["cached_tokens"]),
             logprobs=data.get("logprobs"),
-            queue_s=float(data["timings"]["queue_s"]),
-            total_s=float(data["timings"]["total_s"]),
+            queue_s=float(timings["queue_s"]),
+            total_s=float(timings["total_s"]),
+            engine_s=float(timings["queue_s"])
+            + float(timings["prefill_s"])
+            + float(timings["decode_s"]),
             tool_calls=data.get("tool_calls"),
             content=data.get("content"),
         )

@@ -58,11 +58,16 @@ class HttpPool:
         self._freed = asyncio.Condition()
         self._closed = False
 
-    async def _acquire(self) -> _Connection:
+    async def _acquire(self, fresh: bool = False) -> _Connection:
         async with self._freed:
             while not self._idle and self._open >= self.max_connections:
                 await self._freed.wait()
-            if self._idle:
+            if self._idle and fresh:
+                # Idle connections older than the server's keep-alive are all closed by
+                # now: drop one to make room for a new one instead of reusing it.
+                self._idle.pop(0).close()
+                self._open -= 1
+            elif self._idle:
                 conn = self._idle.pop()
                 conn.reused = True
                 return conn
@@ -93,7 +98,7 @@ class HttpPool:
     ) -> tuple[int, bytes]:
         """(status, body). A reused connection the server had closed is retried once."""
         for attempt in range(2):
-            conn = await self._acquire()
+            conn = await self._acquire(fresh=attempt > 0)
             try:
                 async with asyncio.timeout(timeout):
                     status, reply, keep = await self._exchange(conn, method, path, body)

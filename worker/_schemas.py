@@ -184,10 +184,15 @@ class GenerateRequest(_Strict):
 
 
 class Timings(_Strict):
-    queue_s: float
-    prefill_s: float
-    decode_s: float
-    total_s: float
+    queue_s: float = Field(description="in the engine's waiting queue before it was scheduled")
+    prefill_s: float = Field(description="from scheduled to the first token (engine's clock)")
+    decode_s: float = Field(description="from the first token to the last (engine's clock)")
+    total_s: float = Field(description="the worker's call into the engine, end to end")
+    handle_s: float = Field(
+        0.0,
+        description="the worker's whole handling of the step: total_s plus chat rendering, "
+        "tokenizing, detokenizing and tool parsing",
+    )
 
 
 class GenerateResponse(_Strict):

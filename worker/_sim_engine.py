@@ -171,6 +171,11 @@ class SimulatedEngine(Engine):
     ) -> StepOutput:
         if self._failed is not None:
             raise EngineError(f"the simulated engine failed: {self._failed}")
+        overhead_s = self.perf.step_overhead_s * self.time_scale
+        if overhead_s > 0:
+            # A profiled engine's step spends this outside the engine core on the real
+            # worker (HTTP, vLLM's API process); the simulator charges it too (ARRIVE).
+            await asyncio.sleep(overhead_s)
         loop = asyncio.get_running_loop()
         req = _Request(
             trajectory_id,

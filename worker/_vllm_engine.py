@@ -118,6 +118,26 @@ def engine_kwargs(config: VLLMConfig, *, cpu_build: bool) -> dict[str, Any]:
     return kwargs
 
 
+def _engine_core_times(stats: Any) -> tuple[float, float | None, float | None]:
+    """(queue, prefill, decode) seconds from vLLM's per-request stats (engine core clock).
+
+    ``queued_ts``, ``scheduled_ts``, ``first_token_ts`` and ``last_token_ts`` are
+    the engine core's ``time.monotonic()``: the waiting queue is only visible
+    there (the API process sees one wait from submission to first token).
+    Prefill and decode are ``None`` when vLLM kept no stats for the request.
+    """
+    if stats is None:
+        return 0.0, None, None
+    queued = float(getattr(stats, "queued_ts", 0.0) or 0.0)
+    scheduled = float(getattr(stats, "scheduled_ts", 0.0) or 0.0)
+    first = float(getattr(stats, "first_token_ts", 0.0) or 0.0)
+    last = float(getattr(stats, "last_token_ts", 0.0) or 0.0)
+    queue_s = max(0.0, scheduled - queued) if queued and scheduled else 0.0
+    if not (scheduled and first and last):
+        return queue_s, None, None
+    return queue_s, max(0.0, first - scheduled), max(0.0, last - first)
+
+
 class VLLMEngine(Engine):
     """Steps as vLLM requests: token-id prompts, per-request priority, prefix cache."""
 
@@ -234,9 +254,15 @@ class VLLMEngine(Engine):
         from vllm import SamplingParams  # noqa: PLC0415
         from vllm.exceptions import VLLMClientError  # noqa: PLC0415
         from vllm.inputs import TokensPrompt  # noqa: PLC0415
+        from vllm.sampling_params import RequestOutputKind  # noqa: PLC0415
 
         try:
             params = SamplingParams(
+                # Only the final output, no text: vLLM's API process would otherwise
+                # detokenize every token and wake this step once per token, beside its
+                # engine on the same cores; the worker decodes the text once at the end.
+                output_kind=RequestOutputKind.FINAL_ONLY,
+                detokenize=False,
                 max_tokens=sampling.max_tokens,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
@@ -251,14 +277,11 @@ class VLLMEngine(Engine):
         self._in_flight[request_id] = trajectory_id
         started = time.monotonic()
         final: Any = None
-        first_token_at: float | None = None
         try:
             async for output in self._llm.generate(
                 TokensPrompt(prompt_token_ids=context), params, request_id, priority=priority
             ):
-                if first_token_at is None and output.outputs and output.outputs[0].token_ids:
-                    first_token_at = time.monotonic()
-                final = output
+                final = output  # FINAL_ONLY: the one output, when the request finishes
         except asyncio.CancelledError:
             await self._llm.abort(request_id)
             raise
@@ -286,16 +309,18 @@ class VLLMEngine(Engine):
                 step[tid].logprob for tid, step in zip(tokens, completion.logprobs, strict=False)
             ]
         done = time.monotonic()
-        ttft = (first_token_at or done) - started
+        queue_s, prefill_s, decode_s = _engine_core_times(final.metrics)
+        if prefill_s is None or decode_s is None:  # no stats from vLLM: the worker's clock
+            prefill_s, decode_s = 0.0, max(0.0, done - started - queue_s)
         return StepOutput(
             token_ids=tokens,
             finish_reason="abort" if aborted else (completion.finish_reason or "stop"),
             prompt_tokens=len(context),
             cached_tokens=int(final.num_cached_tokens or 0),
             logprobs=logprobs,
-            queue_s=0.0,
-            prefill_s=ttft,
-            decode_s=done - started - ttft,
+            queue_s=queue_s,
+            prefill_s=prefill_s,
+            decode_s=decode_s,
         )
 
     async def warm(self, trajectory_id: str, context: list[int]) -> None:

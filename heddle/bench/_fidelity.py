@@ -134,19 +134,27 @@ def pairs_agree(rows: Mapping[str, Mapping[str, float]]) -> tuple[int, int]:
     return separated, agreeing
 
 
-def outside_engine_per_step(records: Sequence[Mapping[str, Any]]) -> float:
-    """Median over trajectories of the time per step spent neither in the worker's engine
-    nor in the tool: HTTP, the session's loop, the worker's handling before vLLM.
+def outside_engine_per_step(records: Sequence[Mapping[str, Any]], mean: bool = False) -> float:
+    """Over trajectories, the time per step spent neither in the engine core nor in the
+    tool: HTTP, the session's loop, the worker's handling, vLLM's API process. The median,
+    or with ``mean`` the mean weighted by steps (what a makespan adds up).
 
-    The simulator knows only the profile's ``request_overhead_s`` for it.
+    The simulator knows only the profile's ``request_overhead_s`` for it. Records
+    written before ``engine_s`` existed fall back to the worker's whole engine call.
     """
-    per_step = [
-        (r["timings"]["duration_s"] - r["timings"]["tool_s"] - r["timings"]["generate_s"])
-        / r["turns"]
+    rows: list[tuple[float, int]] = [
+        (
+            float(t["duration_s"] - t["tool_s"] - t.get("engine_s", t["generate_s"])),
+            int(r["turns"]),
+        )
         for r in records
-        if r.get("turns")
+        if r.get("turns") and (t := r["timings"])
     ]
-    return statistics.median(per_step) if per_step else 0.0
+    if not rows:
+        return 0.0
+    if mean:
+        return sum(s for s, _ in rows) / sum(n for _, n in rows)
+    return statistics.median(s / n for s, n in rows)
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
@@ -214,11 +222,11 @@ def bench_fidelity(
     # One round has no spread to tell a difference from noise: no pair counts as separated.
     separated, agreeing = pairs_agree(rows) if rounds > 1 else (0, 0)
     every_run = [r for runs in real["runs"].values() for r in runs]
-    outside = statistics.median(
-        outside_engine_per_step(_read_records(out / "runs" / f"{p}-r{r}.jsonl"))
-        for p in policies
-        for r in range(rounds)
-    )
+    every_records = [
+        _read_records(out / "runs" / f"{p}-r{r}.jsonl") for p in policies for r in range(rounds)
+    ]
+    outside = statistics.median(outside_engine_per_step(rs) for rs in every_records)
+    outside_mean = statistics.median(outside_engine_per_step(rs, mean=True) for rs in every_records)
     cores = os.cpu_count() or 1
     return {
         "workload": workload.name,
@@ -248,6 +256,7 @@ def bench_fidelity(
         "tokenization": extra,
         "request_overhead_s": profile.request_overhead_s,
         "real_outside_engine_per_step_s": outside,
+        "real_outside_engine_mean_per_step_s": outside_mean,
         "real": real,
     }
 
@@ -287,9 +296,11 @@ def format_fidelity(result: Mapping[str, Any]) -> str:
         f"on {os.cpu_count()} cores"
     )
     outside, overhead = result["real_outside_engine_per_step_s"], result["request_overhead_s"]
+    outside_mean = result.get("real_outside_engine_mean_per_step_s", outside)
     lines.append(
-        f"time per step outside the engine and the tool: real {outside:.3f} s (median), "
-        f"simulated {overhead:.3f} s (the profile's request overhead)"
+        f"time per step outside the engine core and the tool: real {outside_mean:.3f} s "
+        f"(mean; median {outside:.3f} s), simulated {overhead:.3f} s (the profile's "
+        "request overhead)"
     )
     lines.append(
         f"pairs of policies the real run separates (makespan ranges over rounds apart): "

@@ -12,7 +12,16 @@ their HTTP API; their measurements are pooled:
 * prefill: one fresh context of ``n`` tokens, one token generated; the
   worker's time to first token. Median over repeats.
 * overhead: what a step costs beyond the engine's own time (HTTP, JSON,
-  the worker's bookkeeping), from the client's clock.
+  the worker's chat rendering and bookkeeping, vLLM's API process), from the
+  client's clock minus the engine core's (queue + prefill + decode). Measured
+  twice: on the controlled batches above (``isolated``), and on a
+  rollout-shaped load (``rollout``: as many multi-turn chat trajectories per
+  worker as the rollout runs, with tool gaps, for ``rollout_seconds``), whose
+  mean is the profile's ``request_overhead_s``: in a rollout the API process
+  shares the cores with busy engines and new requests arrive all the time,
+  and the step's time outside the engine was 4-20x the isolated figure
+  (docs/benchmarks.md, Fidelity). The mean, not the median: a trajectory's
+  makespan adds up its steps' overheads, and their tail is long.
 
 The fits (:func:`heddle.scheduler.fit_decode`, :func:`fit_prefill`) and the
 raw medians go into one JSON file a cluster YAML names with ``profile:``.
@@ -28,16 +37,15 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from heddle.exceptions import ConfigError
 from heddle.rollout import LocalPool, LocalWorkerOptions
-from heddle.scheduler import PROFILE_FORMAT, fit_decode, fit_prefill
-from heddle.worker import WorkerEndpoint
+from heddle.scheduler import PROFILE_FORMAT, DecodeFit, PrefillFit, fit_decode, fit_prefill
+from heddle.worker import HttpError, HttpPool, WorkerEndpoint, _json
 
 __all__ = ["DEFAULT_BATCHES", "DEFAULT_CONTEXTS", "bench_profile", "model_spec_of"]
 
@@ -45,6 +53,12 @@ DEFAULT_BATCHES = (1, 2, 4, 8)
 DEFAULT_CONTEXTS = (64, 1024, 3000)
 DEFAULT_PREFILLS = (32, 256, 1024, 2048, 3500)
 _DECODE_TOKENS = 64  # per measurement: ~0.5 s of decoding, long against scheduler jitter
+_ROLLOUT_TURNS = 3  # per trajectory of the rollout-shaped load (the fidelity workload's median)
+_ROLLOUT_PROMPT_WORDS = 100
+_ROLLOUT_TOOL_WORDS = 50
+_ROLLOUT_OUTPUT_TOKENS = (16, 160)  # per turn, uniform
+_ROLLOUT_TOOL_S = (0.1, 0.7)  # tool gap, uniform (the fidelity workload's ~0.4 s)
+_FILLER = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "seven", "wizards")
 
 
 def model_spec_of(model_dir: str) -> dict[str, Any]:
@@ -74,43 +88,103 @@ def _kv_bytes_per_token(model: dict[str, Any]) -> int:
     return int(2 * m["num_layers"] * m["num_kv_heads"] * m["head_dim"] * m["bytes_per_param"])
 
 
+def _engine_s(timings: dict[str, Any]) -> float:
+    """The engine core's time of a step: waiting queue, prefill and decode."""
+    return float(timings["queue_s"]) + float(timings["prefill_s"]) + float(timings["decode_s"])
+
+
 class _Driver:
     """Requests to one worker, with token ids drawn from its vocabulary."""
 
-    def __init__(self, client: httpx.AsyncClient, vocab: int, seed: int) -> None:
+    def __init__(self, client: HttpPool, vocab: int, seed: int) -> None:
         self.client = client
         self.vocab = vocab
         self.rng = random.Random(seed)
         self.count = 0
-        self.overheads: list[float] = []  # client time beyond the worker's own, per request
+        self.overheads: list[float] = []  # client time beyond the engine core's, per request
+        # Per step of the rollout-shaped load: where the time outside the engine core went.
+        self.rollout_steps: list[dict[str, float]] = []
+        self.in_flight = 0  # steps of the rollout-shaped load under way on this worker
 
     def tokens(self, n: int) -> list[int]:
         # Random ids: no two contexts share a prefix, so nothing comes from the cache.
         return [self.rng.randrange(10, self.vocab) for _ in range(n)]
 
-    async def step(self, tid: str, append: list[int], max_tokens: int) -> dict[str, Any]:
-        body = {
-            "append_token_ids": append,
-            "sampling": {"max_tokens": max_tokens, "ignore_eos": True},
-        }
+    async def step(
+        self,
+        tid: str,
+        append: list[int] | None,
+        max_tokens: int,
+        messages: list[dict[str, str]] | None = None,
+        reset: bool = False,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"sampling": {"max_tokens": max_tokens, "ignore_eos": True}}
+        if messages is not None:
+            body["messages"] = messages
+        else:
+            body["append_token_ids"] = append
+        if reset:
+            body["reset"] = True
+        # The session's own HTTP client (it retries a keep-alive connection the server
+        # closed): the overhead measured is the one a rollout pays.
         started = time.perf_counter()
-        try:
-            reply = await self.client.post(f"/v1/trajectories/{tid}/generate", json=body)
-        except httpx.TransportError:
-            # A keep-alive connection the server closed just as it was reused (seen once in
-            # ~2,000 requests): send it again on a fresh one. The timings are the worker's.
-            started = time.perf_counter()
-            reply = await self.client.post(f"/v1/trajectories/{tid}/generate", json=body)
-        reply.raise_for_status()
-        answer: dict[str, Any] = reply.json()
+        path = f"/v1/trajectories/{tid}/generate"
+        status, reply = await self.client.request("POST", path, _json.dumps(body), timeout=600)
+        if status != 200:
+            raise ConfigError(f"profile step {path}: {status} {reply[:300]!r}")
+        answer: dict[str, Any] = _json.loads(reply)
         answer["client_s"] = time.perf_counter() - started
-        self.overheads.append(answer["client_s"] - answer["timings"]["total_s"])
+        self.overheads.append(answer["client_s"] - _engine_s(answer["timings"]))
         return answer
+
+    async def trajectory(self, deadline: float) -> None:
+        """Multi-turn chat trajectories one after another until ``deadline`` (perf_counter).
+
+        Shaped like the session's steps: chat messages rendered by the worker, a
+        tool gap between turns, the context kept resident between them.
+        """
+        low, high = _ROLLOUT_OUTPUT_TOKENS
+        while time.perf_counter() < deadline:
+            (tid,) = self.fresh(1)
+            messages = [{"role": "user", "content": self.words(_ROLLOUT_PROMPT_WORDS)}]
+            for turn in range(_ROLLOUT_TURNS):
+                self.in_flight += 1
+                sent_with = self.in_flight
+                try:
+                    reply = await self.step(
+                        tid, None, self.rng.randint(low, high), messages=messages, reset=turn == 0
+                    )
+                finally:
+                    self.in_flight -= 1
+                t = reply["timings"]
+                self.rollout_steps.append(
+                    {
+                        # What the engine did for the step, against the fits (bench_profile).
+                        "in_flight": float(sent_with),
+                        "tokens": float(len(reply["token_ids"])),
+                        "context_tokens": float(reply["context_tokens"]),
+                        "uncached_tokens": float(reply["prompt_tokens"] - reply["cached_tokens"]),
+                        "prefill_s": float(t["prefill_s"]),
+                        "decode_s": float(t["decode_s"]),
+                        "outside_engine_s": reply["client_s"] - _engine_s(t),
+                        "http_s": reply["client_s"] - float(t.get("handle_s") or t["total_s"]),
+                        "worker_s": float(t.get("handle_s") or t["total_s"]) - t["total_s"],
+                        "engine_frontend_s": t["total_s"] - _engine_s(t),
+                        "queue_s": float(t["queue_s"]),
+                    }
+                )
+                if turn + 1 < _ROLLOUT_TURNS:
+                    await asyncio.sleep(self.rng.uniform(*_ROLLOUT_TOOL_S))
+                    messages = [{"role": "tool", "content": self.words(_ROLLOUT_TOOL_WORDS)}]
+            await self.drop([tid])
+
+    def words(self, n: int) -> str:
+        return " ".join(self.rng.choice(_FILLER) for _ in range(n))
 
     async def drop(self, tids: Sequence[str]) -> None:
         for tid in tids:
-            with contextlib.suppress(httpx.TransportError):  # it goes when the worker stops
-                await self.client.delete(f"/v1/trajectories/{tid}")
+            with contextlib.suppress(HttpError):  # it goes when the worker stops
+                await self.client.request("DELETE", f"/v1/trajectories/{tid}")
 
     def fresh(self, n: int) -> list[str]:
         self.count += n
@@ -147,13 +221,14 @@ async def _measure_one(
     repeats: int,
     seed: int,
     progress: Callable[[str], None],
-) -> tuple[dict[tuple[int, int], list[float]], dict[int, list[float]], list[float]]:
+    rollout: _RolloutLoad,
+) -> tuple[dict[tuple[int, int], list[float]], dict[int, list[float]], _Driver]:
     """One worker's decode and prefill times per point, and its requests' overheads."""
     url = worker.url
-    headers = {} if worker.token is None else {"Authorization": f"Bearer {worker.token}"}
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=600) as client:
-        state = (await client.get("/v1/state")).json()
-        driver = _Driver(client, int(state["vocab_size"]), seed)
+    client = HttpPool(url, rollout.trajectories_per_worker + 8, token=worker.token)
+    try:
+        _, state_body = await client.request("GET", "/v1/state")
+        driver = _Driver(client, int(_json.loads(state_body)["vocab_size"]), seed)
         await driver.decode(2, 64)  # warm-up: first requests pay one-off costs
         driver.overheads.clear()
         # Every repeat visits the grid in a fresh order, so load from elsewhere on a
@@ -166,7 +241,18 @@ async def _measure_one(
                 decode[(batch, context)].append(await driver.decode(batch, context))
             progress(f"{url}: decode grid, repeat {r + 1}/{repeats} done")
         prefill = {n: [await driver.prefill(n) for _ in range(repeats)] for n in prefills}
-    return decode, prefill, driver.overheads
+        isolated = len(driver.overheads)  # the controlled batches' requests end here
+        # Every worker starts the rollout-shaped load at once, as they run in a rollout.
+        await rollout.barrier.wait()
+        deadline = time.perf_counter() + rollout.seconds
+        await asyncio.gather(
+            *(driver.trajectory(deadline) for _ in range(rollout.trajectories_per_worker))
+        )
+        del driver.overheads[isolated:]  # those steps are in rollout_steps
+        progress(f"{url}: rollout-shaped load, {len(driver.rollout_steps)} steps")
+    finally:
+        await client.aclose()
+    return decode, prefill, driver
 
 
 async def _measure(
@@ -177,11 +263,14 @@ async def _measure(
     repeats: int,
     seed: int,
     progress: Callable[[str], None],
+    rollout_trajectories: int,
+    rollout_seconds: float,
 ) -> dict[str, Any]:
     """Every worker measured at once (they share the machine as in a rollout); pooled."""
+    load = _RolloutLoad(asyncio.Barrier(len(workers)), rollout_trajectories, rollout_seconds)
     each = await asyncio.gather(
         *(
-            _measure_one(worker, batches, contexts, prefills, repeats, seed + i, progress)
+            _measure_one(worker, batches, contexts, prefills, repeats, seed + i, progress, load)
             for i, worker in enumerate(workers)
         )
     )
@@ -196,12 +285,82 @@ async def _measure(
         median = statistics.median(t for _, p, _ in each for t in p[n])
         prefill.append([n, median])
         progress(f"prefill {n:5d} tokens: {median * 1e3:7.2f} ms")
-    overheads = [x for _, _, o in each for x in o]
+    isolated = [x for _, _, d in each for x in d.overheads]
+    steps = [x for _, _, d in each for x in d.rollout_steps]
     return {
         "decode_points": decode,
         "prefill_points": prefill,
-        "request_overhead_s": statistics.median(overheads),
+        "step_overhead": _overhead_summary(isolated, steps, rollout_trajectories, rollout_seconds),
+        "rollout_steps": steps,
     }
+
+
+def rollout_scales(
+    steps: Sequence[dict[str, float]], decode: DecodeFit, prefill: PrefillFit, batch_cap: int
+) -> dict[str, float]:
+    """How much slower the engine core ran under the rollout-shaped load than the fits say.
+
+    ``decode_scale`` (the simulator uses it): the steps' engine-core decode time
+    over what the fit gives for their iterations, at the batch the worker ran
+    (its in-flight steps up to the cap) and that batch's context (this step's,
+    times the batch). ``first_token_over_prefill_fit`` (recorded, not used): the
+    steps' time from being scheduled to the first token over the fit's prefill
+    of their uncached tokens; on a running engine that is a whole mixed
+    iteration, the batch's decode included, so it is no prefill cost. Ratios of
+    sums: a makespan adds iterations up. 1.0 when the load gave nothing.
+    """
+    real_decode = fit_decode_total = real_prefill = fit_prefill_total = 0.0
+    for s in steps:
+        iterations = s["tokens"] - 1
+        if iterations >= 1:
+            batch = int(min(batch_cap, max(1.0, s["in_flight"])))
+            fixed, slope = decode.at(batch)
+            context = batch * (s["context_tokens"] - s["tokens"] / 2)
+            real_decode += s["decode_s"]
+            fit_decode_total += iterations * (fixed + slope * context)
+        if s["uncached_tokens"] > 0:
+            real_prefill += s["prefill_s"]
+            fit_prefill_total += prefill.time(int(s["uncached_tokens"]))
+    return {
+        "decode_scale": real_decode / fit_decode_total if fit_decode_total > 0 else 1.0,
+        "first_token_over_prefill_fit": (
+            real_prefill / fit_prefill_total if fit_prefill_total > 0 else 1.0
+        ),
+    }
+
+
+def _overhead_summary(
+    isolated: Sequence[float],
+    steps: Sequence[dict[str, float]],
+    trajectories_per_worker: int,
+    seconds: float,
+) -> dict[str, Any]:
+    """The profile's ``step_overhead`` section (docs/performance-model.md)."""
+    outside = sorted(s["outside_engine_s"] for s in steps)
+    if not outside:
+        raise ConfigError("the rollout-shaped load finished no step; raise --rollout-seconds")
+    parts = ("http_s", "worker_s", "engine_frontend_s", "queue_s")
+    return {
+        "isolated_median_s": statistics.median(isolated),
+        "rollout_mean_s": statistics.fmean(outside),
+        "rollout_median_s": statistics.median(outside),
+        "rollout_p90_s": outside[int(0.9 * (len(outside) - 1))],
+        # Where it went (means): client to worker and back, the worker's own handling
+        # outside the engine call, and vLLM's API process and IPC around the engine core.
+        "rollout_parts_mean_s": {k: statistics.fmean(s[k] for s in steps) for k in parts},
+        "rollout_steps": len(outside),
+        "rollout_trajectories_per_worker": trajectories_per_worker,
+        "rollout_seconds": seconds,
+    }
+
+
+@dataclass(frozen=True)
+class _RolloutLoad:
+    """The rollout-shaped phase: started together on every worker, for ``seconds``."""
+
+    barrier: asyncio.Barrier
+    trajectories_per_worker: int
+    seconds: float
 
 
 def bench_profile(
@@ -217,13 +376,17 @@ def bench_profile(
     out: Path,
     name: str = "vllm-cpu-tiny",
     workers: int = 2,
+    rollout_trajectories: int = 32,
+    rollout_seconds: float = 20.0,
     progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Profile local vLLM workers (TP1), all at once; return the profile (also in ``out``).
 
     ``workers`` should be as many as the rollout the profile is for runs: on a
     CPU they share the cores, and a worker measured alone is faster than one
-    beside another (docs/benchmarks.md, Fidelity).
+    beside another (docs/benchmarks.md, Fidelity). ``rollout_trajectories``
+    per worker run the rollout-shaped load that measures the step's overhead
+    (the fidelity workload runs 64 trajectories on 2 workers: 32 each).
     """
     if max(contexts) + _DECODE_TOKENS + 1 > max_model_len or max(prefills) >= max_model_len:
         raise ConfigError(
@@ -242,7 +405,10 @@ def bench_profile(
 
     async def go() -> dict[str, Any]:
         workers = await pool.start()
-        return await _measure(workers, batches, contexts, prefills, repeats, seed, progress)
+        return await _measure(
+            workers, batches, contexts, prefills, repeats, seed, progress,
+            rollout_trajectories, rollout_seconds,
+        )  # fmt: skip
 
     started = time.perf_counter()
     try:
@@ -252,6 +418,7 @@ def bench_profile(
     spec = model_spec_of(model)
     decode = fit_decode([(int(b), c, s) for b, c, s in measured["decode_points"]])
     prefill = fit_prefill([(int(n), s) for n, s in measured["prefill_points"]])
+    scales = rollout_scales(measured["rollout_steps"], decode, prefill, max(batches))
     residuals = [
         s / (decode.at(int(b))[0] + decode.at(int(b))[1] * c) - 1.0
         for b, c, s in measured["decode_points"]
@@ -275,7 +442,14 @@ def bench_profile(
         "model": spec,
         # vLLM's CPU build gives the KV cache VLLM_CPU_KVCACHE_SPACE GiB.
         "kv_capacity_tokens": {"1": kv_cache_gib * 2**30 // _kv_bytes_per_token(spec)},
-        "request_overhead_s": measured["request_overhead_s"],
+        # What the simulator adds to every step on profiled engines (ARRIVE).
+        "request_overhead_s": measured["step_overhead"]["rollout_mean_s"],
+        "step_overhead": {
+            **measured["step_overhead"],
+            "first_token_over_prefill_fit": scales["first_token_over_prefill_fit"],
+        },
+        # The engine core's decode under the rollout-shaped load against the grid's fit.
+        "decode_scale": scales["decode_scale"],
         "decode": {
             "1": {
                 "batch_sizes": list(decode.batch_sizes),
@@ -296,6 +470,16 @@ def bench_profile(
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"profile-{name}.json"
     path.write_text(json.dumps(profile, indent=1) + "\n", encoding="utf-8")
+    over = measured["step_overhead"]
+    progress(
+        f"rollout-shaped load against the fits: decode x{scales['decode_scale']:.2f} "
+        f"(first token x{scales['first_token_over_prefill_fit']:.2f} the prefill fit; not used)"
+    )
+    progress(
+        f"step overhead outside the engine: {over['isolated_median_s'] * 1e3:.1f} ms isolated "
+        f"(median), {over['rollout_mean_s'] * 1e3:.1f} ms rollout-shaped (mean; median "
+        f"{over['rollout_median_s'] * 1e3:.1f} ms, {over['rollout_steps']} steps)"
+    )
     progress(
         f"wrote {path}: decode at batch 1 {decode.fixed_s[0] * 1e3:.2f} ms + "
         f"{decode.per_context_token_s[0] * 1e6:.3f} us/context token; largest fit error "

@@ -59,8 +59,8 @@ def _pool_spec() -> EnginePoolSpec:
     return EnginePoolSpec("bench", "default", "tiny", "", 2, 2, (1, 2), None, VLLMSpec())
 
 
-def _pool_spec_perf() -> Any:
-    return perf_model_for(_pool_spec())
+def _pool_spec_perf(options: LocalWorkerOptions | None = None) -> Any:
+    return perf_model_for(_pool_spec(), options)
 
 
 async def _one_run(
@@ -136,9 +136,12 @@ def bench_engines(
 ) -> dict[str, Any]:
     """A/B of ``policies`` on one set of local workers; see the module docstring.
 
-    ``perf`` is the planners' performance model (default: Qwen3-8B on H100,
-    what ``heddle run`` plans with for a model that is not a preset).
+    ``perf`` is the planners' performance model (default: what ``heddle run``
+    plans with on these workers: the shipped CPU profile for vLLM on the tiny
+    model, else Qwen3-8B on H100).
     """
+    if perf is None:
+        perf = _pool_spec_perf(options)
     tasks = synthetic_tasks(workload.prompts, workload, seed)
     pool = LocalPool(tps, options)
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}

@@ -64,3 +64,14 @@ def test_time_outside_the_engine_is_what_neither_the_engine_nor_the_tool_took() 
         {"turns": 0, "timings": {"duration_s": 0.1, "tool_s": 0.0, "generate_s": 0.0}},
     ]
     assert outside_engine_per_step(records) == pytest.approx((0.25 + 0.2) / 2)
+
+
+def test_outside_the_engine_core_uses_engine_s_and_the_mean_weighs_steps() -> None:
+    records = [
+        {"turns": 2, "timings": {"duration_s": 3.0, "tool_s": 1.0, "generate_s": 1.8,
+                                 "engine_s": 1.5}},
+        {"turns": 4, "timings": {"duration_s": 5.0, "tool_s": 2.0, "generate_s": 2.2}},
+    ]  # fmt: skip
+    assert outside_engine_per_step(records) == pytest.approx((0.25 + 0.2) / 2)
+    assert outside_engine_per_step(records, mean=True) == pytest.approx((0.5 + 0.8) / 6)
+    assert outside_engine_per_step([]) == 0.0

@@ -322,3 +322,41 @@ def test_a_full_disk_stops_the_run_with_whole_records_only(tmp_path: Path) -> No
     assert again.returncode == 0, out
     assert f"({len(written)} already in the output)" in out
     assert_exactly_once(read_records(output), KEYS)
+
+
+def test_local_vllm_on_the_tiny_model_plans_with_the_shipped_cpu_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dataclasses import replace
+
+    from heddle.api._manifests import EnginePoolSpec, VLLMSpec
+    from heddle.rollout import TINY_DIR, LocalWorkerOptions
+    from heddle.rollout._run import perf_model_for, plan_pool, prepare_job
+    from heddle.scheduler import PoolShape, ProfiledPerfModel
+
+    monkeypatch.chdir(tmp_path)  # TINY_DIR is relative to where heddle run runs
+    pool = EnginePoolSpec("p", "default", "tiny", "", 2, 2, (1,), None, VLLMSpec())
+    tiny = LocalWorkerOptions(engine="vllm", model=str(TINY_DIR), max_num_seqs=8)
+    perf = perf_model_for(pool, tiny)
+    assert isinstance(perf, ProfiledPerfModel) and perf.profile.name == "vllm-cpu-tiny"
+    assert perf.batch_cap == 8 and perf.step_overhead_s > 0
+    # The same directory named absolutely is the same model.
+    absolute = LocalWorkerOptions(engine="vllm", model=str(tmp_path / TINY_DIR))
+    assert isinstance(perf_model_for(pool, absolute), ProfiledPerfModel)
+    # Simulated workers, another model, or a cluster (no local options): the datasheet model.
+    for options in (
+        LocalWorkerOptions(engine="sim"),
+        LocalWorkerOptions(engine="vllm", model=str(tmp_path / "other")),
+        None,
+    ):
+        assert type(perf_model_for(pool, options)).__name__ == "PerfModel", options
+    # The profile holds TP1 only: a pool pinned at TP2 plans on the datasheet model, one
+    # that may choose is planned on TP1 alone.
+    pinned = replace(pool, tensor_parallel_sizes=(1, 2), shape=PoolShape.of({2: 1}))
+    assert type(perf_model_for(pinned, tiny)).__name__ == "PerfModel"
+    free = replace(pool, tensor_parallel_sizes=(1, 2))
+    examples = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+    job = prepare_job(examples / "job.yaml", examples / "pool.yaml")
+    local = replace(job, pool=free)
+    plan = plan_pool(local, perf_model_for(free, tiny))
+    assert set(plan.shape.tps()) == {1}

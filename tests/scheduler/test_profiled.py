@@ -137,3 +137,78 @@ def test_a_profiled_step_overhead_delays_every_step_and_the_datasheet_has_none()
     assert gpu.perf_model().step_overhead_s == 0.0
     with pytest.raises(WorkloadError, match="request_overhead_s"):
         EngineProfile.from_dict({**_profile_dict(), "request_overhead_s": -1})
+
+
+def _measured(**overrides: float) -> dict[str, Any]:
+    section: dict[str, Any] = {
+        "isolated_median_s": 0.03,
+        "rollout_mean_s": 0.2,
+        "rollout_median_s": 0.1,
+        "rollout_trajectories_per_worker": 32,
+    }
+    return {**section, **overrides}
+
+
+def test_the_rollout_shaped_overhead_is_what_a_profile_without_a_figure_simulates() -> None:
+    profile = EngineProfile.from_dict({**_profile_dict(), "step_overhead": _measured()})
+    assert profile.step_overhead is not None
+    assert profile.step_overhead.rollout_mean_s == 0.2
+    assert profile.step_overhead.trajectories_per_worker == 32
+    assert profile.request_overhead_s == 0.2  # the mean: a makespan adds steps up
+    assert ProfiledPerfModel.from_profile(profile, 8).step_overhead_s == 0.2
+    # A figure written out wins; a profile from before the section has none.
+    explicit = {**_profile_dict(), "step_overhead": _measured(), "request_overhead_s": 0.05}
+    assert EngineProfile.from_dict(explicit).request_overhead_s == 0.05
+    assert EngineProfile.from_dict(_profile_dict()).step_overhead is None
+
+
+def test_the_simulator_delays_every_step_by_the_measured_overhead() -> None:
+    spec = replace(load_workload("quickstart"), prompts=1, samples_per_prompt=1)
+    scripts = generate(spec, 5)
+    makespans = []
+    for section in (_measured(rollout_mean_s=0.0), _measured(rollout_mean_s=0.3)):
+        profile = EngineProfile.from_dict({**_profile_dict(), "step_overhead": section})
+        cluster = ClusterSpec("c", 1, 1, "tiny", "profiled", (1,), 1, 8, profile=profile)
+        sim = Simulator(scripts, cluster, get_policy("verl"), tool_means_s={"sandbox": 0.4})
+        makespans.append(sim.run().makespan_s)
+    assert makespans[1] - makespans[0] == pytest.approx(0.3 * scripts[0].turns, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "section",
+    [
+        _measured(rollout_mean_s=-0.1),
+        _measured(isolated_median_s=float("nan")),
+        _measured(rollout_trajectories_per_worker=0),
+        {"rollout_mean_s": 0.2},
+        "0.2",
+    ],
+)
+def test_a_bad_step_overhead_section_gets_a_sentence(section: Any) -> None:
+    with pytest.raises(WorkloadError, match=r"step_overhead|malformed engine profile"):
+        EngineProfile.from_dict({**_profile_dict(), "step_overhead": section})
+
+
+def test_the_shipped_cpu_profile_carries_its_rollout_shaped_overhead() -> None:
+    profile = load_profile("vllm-cpu-tiny")
+    assert profile.step_overhead is not None
+    assert profile.request_overhead_s == profile.step_overhead.rollout_mean_s
+    assert profile.step_overhead.rollout_mean_s >= profile.step_overhead.isolated_median_s
+
+
+def test_the_rollout_decode_scale_multiplies_decode_only_and_bad_ones_get_a_sentence() -> None:
+    plain = _model()
+    scaled = ProfiledPerfModel.from_profile(
+        EngineProfile.from_dict({**_profile_dict(), "decode_scale": 2.0}), 8
+    )
+    assert scaled.iteration_time(4, 2000, 1) == pytest.approx(2 * plain.iteration_time(4, 2000, 1))
+    assert scaled.segment_time(4, 2000, 1, 30) == pytest.approx(
+        2 * plain.segment_time(4, 2000, 1, 30)
+    )
+    assert scaled.decode_work_floor(100, 5000, 1) == pytest.approx(
+        2 * plain.decode_work_floor(100, 5000, 1)
+    )
+    assert scaled.prefill_time(500, 1) == plain.prefill_time(500, 1)
+    for bad in (0, -1.0, True, "2"):
+        with pytest.raises(WorkloadError, match="decode_scale must be a number > 0"):
+            EngineProfile.from_dict({**_profile_dict(), "decode_scale": bad})

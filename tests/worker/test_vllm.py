@@ -190,6 +190,29 @@ def test_priority_orders_steps_waiting_for_the_single_batch_slot(workers: tuple[
     assert finished.index("high") < finished.index("low")
 
 
+def test_a_step_waiting_for_the_batch_slot_reports_its_queue_time(
+    workers: tuple[str, str],
+) -> None:
+    """queue_s is vLLM's own waiting time (it was always 0); the parts add up."""
+    _, url = workers  # max-num-seqs 1: the second step waits for the first
+    body = {"append_token_ids": list(range(30, 60)), "sampling": sampling(300)}
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(generate, url, "q-first", body)
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{url}/v1/state", timeout=5).json()["running"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        second = pool.submit(generate, url, "q-second", {**body, "sampling": sampling(4)})
+        ran, waited = first.result()["timings"], second.result()["timings"]
+    assert isinstance(ran, dict) and isinstance(waited, dict)
+    # The second waited for most of the first's decoding; the first barely waited.
+    assert waited["queue_s"] > 0.3 * ran["decode_s"] > 0
+    assert ran["queue_s"] < waited["queue_s"]
+    for t in (ran, waited):
+        engine = t["queue_s"] + t["prefill_s"] + t["decode_s"]
+        assert 0 < engine <= t["total_s"] <= t["handle_s"]
+
+
 def test_state_reports_the_vllm_engine(workers: tuple[str, str]) -> None:
     url, _ = workers
     state = httpx.get(f"{url}/v1/state", timeout=5).json()

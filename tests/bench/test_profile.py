@@ -1,0 +1,45 @@
+"""``heddle bench profile``'s arithmetic on the rollout-shaped load (no workers needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from heddle.bench._profile import _overhead_summary, rollout_scales
+from heddle.scheduler import DecodeFit, PrefillFit
+
+
+def _step(
+    tokens: int, context: int, in_flight: int, decode_s: float, prefill_s: float
+) -> dict[str, float]:
+    return {
+        "in_flight": float(in_flight), "tokens": float(tokens), "context_tokens": float(context),
+        "uncached_tokens": 100.0, "prefill_s": prefill_s, "decode_s": decode_s,
+        "outside_engine_s": 0.1, "http_s": 0.05, "worker_s": 0.01,
+        "engine_frontend_s": 0.04, "queue_s": 1.0,
+    }  # fmt: skip
+
+
+def test_scales_compare_the_engine_core_with_the_fits_at_the_batch_it_ran() -> None:
+    decode = DecodeFit((1, 8), (0.004, 0.008), (1e-6, 1e-6))
+    prefill = PrefillFit(0.002, 1e-5)
+    # 20 in flight with a cap of 8: batch 8, each of 8 contexts ~ (context - tokens/2).
+    per_iteration = 0.008 + 1e-6 * 8 * (500 - 50)
+    steps = [_step(100, 500, 20, 2 * 99 * per_iteration, 3 * prefill.time(100))]
+    # One token: no iteration to compare; it still counts for prefill.
+    steps.append(_step(1, 300, 1, 0.0, 3 * prefill.time(100)))
+    got = rollout_scales(steps, decode, prefill, batch_cap=8)
+    assert got["decode_scale"] == pytest.approx(2.0)
+    assert got["first_token_over_prefill_fit"] == pytest.approx(3.0)
+    empty = rollout_scales([], decode, prefill, 8)
+    assert empty == {"decode_scale": 1.0, "first_token_over_prefill_fit": 1.0}
+
+
+def test_the_overhead_summary_takes_the_mean_and_says_where_it_went() -> None:
+    steps = [_step(10, 100, 1, 0.1, 0.01) for _ in range(3)]
+    steps[0]["outside_engine_s"] = 0.7  # a long tail: the mean is what a makespan adds up
+    summary = _overhead_summary([0.02, 0.03, 0.04], steps, 32, 20.0)
+    assert summary["rollout_mean_s"] == pytest.approx(0.3)
+    assert summary["rollout_median_s"] == pytest.approx(0.1)
+    assert summary["isolated_median_s"] == pytest.approx(0.03)
+    assert summary["rollout_parts_mean_s"]["http_s"] == pytest.approx(0.05)
+    assert summary["rollout_steps"] == 3 and summary["rollout_trajectories_per_worker"] == 32
