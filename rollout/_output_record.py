@@ -44,6 +44,7 @@ class RecordTimings(TypedDict):
     duration_s: float
     queue_s: float  # waiting for a worker's batch
     generate_s: float
+    engine_s: float  # of generate_s, in the engine core (queue, prefill, decode)
     tool_s: float
 
 
