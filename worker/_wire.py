@@ -55,6 +55,7 @@ class TimingsBody(TypedDict):
     prefill_s: float
     decode_s: float
     total_s: float
+    handle_s: NotRequired[float]  # total_s plus the worker's own handling
 
 
 class GenerateReplyBody(TypedDict):
