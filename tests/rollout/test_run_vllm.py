@@ -18,6 +18,7 @@ import pytest
 
 from heddle.api import SamplingSpec, ToolEndpointSpec, ToolsSpec
 from heddle.rollout import LocalPool, RolloutSession, SessionResult, Task, ToolsEnvironment
+from heddle.scheduler import TrajectoryState
 from heddle.worker import WorkerEndpoint
 
 from .._rollout_fixtures import (
@@ -89,6 +90,13 @@ def vllm_pool(
         asyncio.run(pool.stop())
 
 
+def _holds_context(session: RolloutSession, worker: WorkerEndpoint) -> bool:
+    return any(
+        r.resident == worker.name and r.tokens and r.traj.state is TrajectoryState.IN_TOOL
+        for r in session.runs.values()
+    )
+
+
 def test_session_restart_then_worker_death_lose_nothing(
     vllm_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
 ) -> None:
@@ -104,8 +112,12 @@ def test_session_restart_then_worker_death_lose_nothing(
     async def second() -> tuple[RolloutSession, SessionResult]:
         session = _session(workers, out, tasks, env2, 4)
         run = asyncio.create_task(session.run())
-        while len(read_records(out)) < before + 4:
-            await asyncio.sleep(0.05)
+        # Kill the worker only while it holds a context the session must rebuild elsewhere:
+        # a trajectory past its first step, in a tool call, resident there (a kill that finds
+        # only first steps or finishing ones would recompute nothing).
+        while len(read_records(out)) < before + 4 or not _holds_context(session, workers[0]):
+            assert not run.done(), "the session ended before the worker held a context to lose"
+            await asyncio.sleep(0.01)
         pool.kill(workers[0].name)
         return session, await run
 
