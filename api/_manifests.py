@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from heddle.exceptions import ConfigError, ManifestError
-from heddle.scheduler import POLICIES, SAMPLING_LIMITS, PoolShape, check_tp_sizes
+from heddle.scheduler import POLICIES, SAMPLING_LIMITS, SIMULATION_ONLY, PoolShape, check_tp_sizes
 from heddle.worker import TOOL_PARSERS, tool_schema_error
 
 from ._fields import Fields
@@ -484,8 +484,8 @@ class RolloutJobSpec:
         sampling = _sampling(f.sub("sampling"))
         g = f.sub("scheduling")
         policy = g.string("policy", "heddle")
-        if policy not in POLICIES or policy == "heddle-oracle":
-            valid = sorted(p for p in POLICIES if p != "heddle-oracle")
+        if policy not in POLICIES or policy in SIMULATION_ONLY:
+            valid = sorted(p for p in POLICIES if p not in SIMULATION_ONLY)
             raise ManifestError(f"{g.where('policy')}={policy!r}; choose one of {valid}")
         replan = g.number("replanIntervalSeconds", 2.0, exclusive_minimum=True)
         g.done()

@@ -50,6 +50,7 @@ from ._placement import (
 from ._policies import (
     BASELINES,
     POLICIES,
+    SIMULATION_ONLY,
     SchedulingPolicy,
     get_policy,
     make_migration,
@@ -76,6 +77,7 @@ from ._profiled import (
     fit_prefill,
     load_profile,
 )
+from ._reshape import EngineSnapshot, Merge, TailMergeConfig, TailMergePlanner
 from ._shape import AnnealingShapePlanner, FixedShape, ShapeConfig, ShapePlan, ShapePlanner
 from ._stats import pearson, tail_recall
 from ._trace import BenchWorkload, scripts_from_trace, synthetic_bench, trace_bench
@@ -97,6 +99,7 @@ __all__ = [
     "POLICIES",
     "PROFILE_FORMAT",
     "SAMPLING_LIMITS",
+    "SIMULATION_ONLY",
     "AnnealingShapePlanner",
     "BenchWorkload",
     "ClusterSpec",
@@ -106,6 +109,7 @@ __all__ = [
     "Distribution",
     "EngineInstance",
     "EngineProfile",
+    "EngineSnapshot",
     "FCFSOrdering",
     "FinishedTrajectory",
     "FixedShape",
@@ -113,6 +117,7 @@ __all__ = [
     "Items",
     "LeastLoadPlacement",
     "LengthPredictor",
+    "Merge",
     "MigrationConfig",
     "MigrationPlanner",
     "ModelSpec",
@@ -140,6 +145,8 @@ __all__ = [
     "SiblingPredictor",
     "StepOverhead",
     "StickyPlacement",
+    "TailMergeConfig",
+    "TailMergePlanner",
     "ThresholdStickyPlacement",
     "ToolSpec",
     "ToolWindowMigration",

@@ -29,6 +29,7 @@ from ._predictor import LengthPredictor, PredictorConfig, ProgressPredictor, Sib
 __all__ = [
     "BASELINES",
     "POLICIES",
+    "SIMULATION_ONLY",
     "SchedulingPolicy",
     "get_policy",
     "make_migration",
@@ -71,6 +72,8 @@ class SchedulingPolicy:
     adaptive_shape: bool
     predictor: str | None
     description: str
+    # The dynamic resource manager: merge engines into higher TP for the tail (_reshape.py).
+    dynamic_shape: bool = False
 
 
 POLICIES: dict[str, SchedulingPolicy] = {
@@ -111,6 +114,16 @@ POLICIES: dict[str, SchedulingPolicy] = {
             False,
             "sibling",
             "ablation: + opportunistic migration during tool calls (fixed shape)",
+        ),
+        SchedulingPolicy(
+            "heddle-dynamic",
+            "progressive",
+            "presorted-dp",
+            "tool-window",
+            True,
+            "sibling",
+            "ablation: heddle + the dynamic resource manager (engines merge for the tail)",
+            dynamic_shape=True,
         ),
         SchedulingPolicy(
             "heddle-oracle",
@@ -161,6 +174,10 @@ POLICIES: dict[str, SchedulingPolicy] = {
 }
 
 BASELINES = ("verl", "verl-star", "slime")
+# Policies the simulator runs but a RolloutJob may not name: the oracle knows every true
+# length; the dynamic resource manager helped in no workload (docs/benchmarks.md), so the
+# live session does not carry it out.
+SIMULATION_ONLY = ("heddle-oracle", "heddle-dynamic")
 
 _T = TypeVar("_T")
 

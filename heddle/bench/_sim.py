@@ -30,7 +30,7 @@ from heddle.scheduler.sim import SimConfig, SimResult, Simulator, lower_bound
 
 __all__ = ["ABLATION", "DEFAULT_CAPS", "Progress", "Run", "baseline_runs", "run_rollout_bench"]
 
-ABLATION = ("heddle-order", "heddle-place", "heddle-migrate", "heddle")
+ABLATION = ("heddle-order", "heddle-place", "heddle-migrate", "heddle", "heddle-dynamic")
 # In-flight caps per engine the baselines are tried with (None: every trajectory at once).
 DEFAULT_CAPS: tuple[int | None, ...] = (None, 64, 128)
 

@@ -112,7 +112,7 @@ def summarise(sim: Simulator, events: int) -> SimResult:
         longest_queue_delay_s=longest.queue_delay_s,
         migrations=sim.migrations,
         preemptions=sum(e.preemptions for e in sim.engines.values()),
-        reshapes=int(sim.reshaped),
+        reshapes=int(sim.reshaped) + len(sim.merges),
         recompute_tokens=max(0, sum(s.prefill_tokens for s in sims) - first_prefill),
         events=events,
         predictor=_predictor_quality(sim),

@@ -6,7 +6,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from heddle.exceptions import ConfigError, HeddleError
 
@@ -23,6 +23,7 @@ from .._policies import (
     make_predictor,
 )
 from .._predictor import LengthPredictor, OraclePredictor
+from .._reshape import Merge, TailMergeConfig, TailMergePlanner
 from .._shape import ShapeConfig
 from .._types import FinishedTrajectory, PoolShape, Trajectory, TrajectoryState
 from .._workload import TrajectoryScript
@@ -33,8 +34,8 @@ from ._view import LiveClusterView
 
 __all__ = ["PlannerCost", "SimConfig", "Simulator"]
 
-_WAKE, _TOOL, _MIGRATED, _REPLAN, _ARRIVE, _PLANNED, _READY = range(7)
-_EVENT_NAMES = ("wake", "tool", "migrated", "replan", "arrive", "planned", "ready")
+_WAKE, _TOOL, _MIGRATED, _REPLAN, _ARRIVE, _PLANNED, _READY, _MERGED = range(8)
+_EVENT_NAMES = ("wake", "tool", "migrated", "replan", "arrive", "planned", "ready", "merged")
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,8 @@ class SimConfig:
     # The planner's own CPU time delays what it decides (None: plans take no time, as
     # before issue 14). Only policies that run the DP or the migration planner pay it.
     planner_cost: PlannerCost | None = PlannerCost()
+    # When and at what cost a policy with a dynamic shape merges engines for the tail.
+    tail_merge: TailMergeConfig = field(default_factory=TailMergeConfig)
 
     def __post_init__(self) -> None:
         if self.replan_interval_s <= 0:
@@ -163,26 +166,41 @@ class Simulator:
         else:
             self.shape, self.fallback_policy = self._initial_shape(history)
         self._replans = self.policy.migration != "none" or self.policy.placement == "presorted-dp"
+        # The dynamic resource manager: it runs whatever scheduling runs (a fallback too).
+        self._merger = (
+            TailMergePlanner(
+                self.perf,
+                cluster.tensor_parallel_sizes,
+                cluster.gpus_per_node,
+                self.config.tail_merge,
+            )
+            if policy.dynamic_shape
+            else None
+        )
         if self.fallback_policy is not None:
             fallback = get_policy(self.fallback_policy)
             self.ordering = make_ordering(fallback.ordering)
             self.placement = make_placement(fallback.placement)
             self.migration = make_migration(fallback.migration, self.perf)
             self._replans = fallback.migration != "none" or fallback.placement == "presorted-dp"
+        self._replans = self._replans or self._merger is not None
         self.reshaped = shape is None and self.shape != cluster.baseline_shape()
         cost = self.config.planner_cost
         self._placement_cost = cost if isinstance(self.placement, DPPlacement) else None
         self._migration_cost = cost if not isinstance(self.migration, NoMigration) else None
         self.engines: dict[str, SimEngine] = {}
-        counter = itertools.count()
+        self._counter = itertools.count()
         for tp in self.shape.tps():
-            inst = self.perf.instance(f"tp{tp}-{next(counter)}", tp)
+            inst = self.perf.instance(f"tp{tp}-{next(self._counter)}", tp)
             self._check_fits(inst)
             self.engines[inst.name] = SimEngine(inst, self.perf, self.ordering.priority)
-        # Built once and kept current by the engines (no engine drains mid-run).
-        self._live_view = LiveClusterView([e for e in self.engines.values() if not e.draining])
-        for engine in self.engines.values():
-            engine.on_load_change = self._live_view.update
+        # Engines being merged (no new steps; they empty) and those gone: out of the view.
+        self._draining: set[str] = set()
+        self._retired: set[str] = set()
+        self._merge: Merge | None = None
+        self.merges: list[tuple[float, float, Merge]] = []  # (drain started, served, merge)
+        self.retired_at: dict[str, float] = {}  # engine -> when its GPUs were freed
+        self._live_view = self._build_view()
         self._events: list[tuple[float, int, int, str, int]] = []
         self._seq = itertools.count()
         self._moving: set[str] = set()  # engines sending or receiving a move
@@ -265,6 +283,58 @@ class Simulator:
 
     def _view(self) -> ClusterView:
         return self._live_view
+
+    def _build_view(self) -> LiveClusterView:
+        """The serving engines as placement sees them, kept current by the engines' loads."""
+        out = self._draining | self._retired
+        view = LiveClusterView([e for n, e in self.engines.items() if n not in out])
+        for engine in self.engines.values():
+            engine.on_load_change = view.update
+        return view
+
+    # -- the dynamic resource manager ------------------------------------------------------
+    def _consider_merge(self, now: float) -> None:
+        """At a re-plan: start draining a pair of engines if the tail merits a merge."""
+        if self._merger is None or self._merge is not None:
+            return
+        serving = {i.name: i.tp for i in self._live_view.instances}
+        live = [s.traj for s in self._unfinished.values()]
+        merge = self._merger.plan(TailMergePlanner.snapshots(serving, live))
+        if merge is None:
+            return
+        self._merge = merge
+        self._draining.update(merge.engines)
+        self._live_view = self._build_view()
+        self.merges.append((now, math.nan, merge))
+        for name in merge.engines:
+            self._maybe_retire(self.engines[name], now)
+
+    def _maybe_retire(self, engine: SimEngine, now: float) -> None:
+        """A draining engine with nothing left to run goes; the last one frees the GPUs."""
+        name = engine.name
+        if name not in self._draining or engine.load or engine.segment is not None:
+            return
+        if name in self._moving or engine.pending_prefill_tokens:
+            return
+        self._draining.discard(name)
+        self._retired.add(name)
+        self.retired_at[name] = now
+        engine.cache = type(engine.cache)()  # its prefix cache goes with the pod
+        merge = self._merge
+        assert merge is not None
+        if not any(n in self._draining for n in merge.engines):
+            self._push(now + self.config.tail_merge.reshape_s, _MERGED, "")
+
+    def _merged(self, now: float) -> None:
+        """The merged engine is up (pod restarted, weights loaded): it serves from now."""
+        merge = self._merge
+        assert merge is not None
+        inst = self.perf.instance(f"tp{merge.tp}-{next(self._counter)}", merge.tp)
+        self.engines[inst.name] = SimEngine(inst, self.perf, self.ordering.priority)
+        self._live_view = self._build_view()
+        started, _, _ = self.merges[-1]
+        self.merges[-1] = (started, now, merge)
+        self._merge = None
 
     def _predict(self, sim: SimTrajectory) -> None:
         if self.predictor is not None:
@@ -351,13 +421,19 @@ class Simulator:
             target = lambda t: new_plan.assignment.get(t.id)  # noqa: E731
         else:
             self.placement.replan(live, view)
+        instances = {i.name: i for i in view.instances}
+        load: Mapping[str, int] = view.load
+        if self._draining:  # their trajectories leave during tool calls, whatever the gain
+            instances.update((n, self.engines[n].instance) for n in self._draining)
+            load = {**view.load, **{n: self.engines[n].load for n in self._draining}}
         moves = self.migration.plan(
             candidates,
             target,
-            {i.name: i for i in view.instances},
-            view.load,
+            instances,
+            load,
             now,
             busy=self._moving,
+            draining=self._draining,
         )
         if spent <= 0:
             for move in moves:
@@ -385,6 +461,7 @@ class Simulator:
                 and sim.traj.instance == move.source
                 and move.source not in self._moving
                 and move.destination not in self._moving
+                and self._live_view.has(move.destination)
             ):
                 self._start_move(move, now)
 
@@ -406,6 +483,7 @@ class Simulator:
         self._moving.difference_update((move.source, move.destination))
         sim.traj.instance = move.destination
         sim.migrating_to = None
+        self._maybe_retire(self.engines[move.source], now)
         if sim.tool_done:
             sim.tool_done = False
             self._dispatch(sim, now)
@@ -454,6 +532,8 @@ class Simulator:
                     self._step_done(sim, engine, now)
                 engine.relieve_kv_pressure(now)
                 self._kick(engine, now, arrival=False)
+                if self._draining:
+                    self._maybe_retire(engine, now)
             elif kind in (_TOOL, _MIGRATED) and now < self._busy_until:
                 self._push(self._busy_until, kind, key)  # handled once the planner returns
             elif kind == _TOOL:
@@ -466,7 +546,10 @@ class Simulator:
                 self._dispatch(self.sims[key], now)
             elif kind == _PLANNED:
                 self._planned(now)
+            elif kind == _MERGED:
+                self._merged(now)
             elif kind == _REPLAN:
+                self._consider_merge(now)
                 spent = self._replan(now)
                 if self._finished < total:
                     # The session's loop waits the interval after a plan returns.
