@@ -33,6 +33,7 @@ WORKLOAD_PRESETS = (
     "swe",
     "quickstart",
     "fidelity",
+    "engines-tail",
 )
 CLUSTER_PRESETS = {"64xh100": "cluster-64xh100.yaml", "2xcpu-tiny": "cluster-2xcpu-tiny.yaml"}
 

@@ -19,7 +19,7 @@ import os
 import resource
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from heddle.rollout import (
     SyntheticEnvironment,
     Task,
     TaskSet,
+    TrajectoryRun,
     build_session,
     perf_model_for,
     synthetic_tasks,
@@ -77,7 +78,8 @@ async def _one_run(
     max_total_tokens: int,
     config: SessionConfig,
     perf: PerfModel | None = None,
-) -> tuple[SessionResult, list[float]]:
+    max_in_flight: int | None = None,
+) -> tuple[SessionResult, list[float], dict[str, float]]:
     env = SyntheticEnvironment(
         workload, len(tasks), samples, seed=seed, tool_time_scale=tool_time_scale
     )
@@ -106,7 +108,7 @@ async def _one_run(
         local,
         workers,
         OutputSink(output, fsync_interval_s=5.0),
-        plan=PoolPlan(PoolShape.of([w.tp for w in workers]), policy),
+        plan=PoolPlan(PoolShape.of([w.tp for w in workers]), policy, max_in_flight),
         perf=perf if perf is not None else _pool_spec_perf(),
         environment=env,
         config=config,
@@ -117,7 +119,41 @@ async def _one_run(
     finishes = []
     for run in session.runs.values():
         finishes.append(run.finished_at - started if run.finished_at else float("nan"))
-    return result, sorted(finishes)
+    return result, sorted(finishes), _longest(session.runs.values())
+
+
+def _longest(runs: Iterable[TrajectoryRun]) -> dict[str, float]:
+    """The trajectory that generated the most tokens, to set against the makespan: its
+    wall time from start to finish, the part of it its steps waited in an engine's
+    queue, and the rest (its own serial time on these engines: prefill, decode at the
+    batch it ran in, tools, requests), the bound a rollout hits when one trajectory
+    sets the makespan."""
+    done = [r for r in runs if r.finished_at]
+    if not done:
+        return {}
+    run = max(done, key=lambda r: r.traj.generated_tokens)
+    wall = run.finished_at - run.started_at
+    return {
+        "longest_generated_tokens": float(run.traj.generated_tokens),
+        "longest_turns": float(run.traj.turns),
+        "longest_wall_s": wall,
+        "longest_queue_s": run.queue_s,
+        "longest_tool_s": float(sum(run.tool_latency_s)),
+        "longest_serial_s": wall - run.queue_s,
+    }
+
+
+def parse_policy_cap(name: str) -> tuple[str, int | None]:
+    """``verl@16``: the policy ``verl`` with at most 16 trajectories in flight per engine
+    (the rest start in task order as others finish); a bare name has no cap."""
+    from heddle.exceptions import ConfigError  # noqa: PLC0415
+
+    policy, sep, cap = name.partition("@")
+    if not sep:
+        return name, None
+    if not cap.isdigit() or int(cap) < 1:
+        raise ConfigError(f"policy {name!r}: write NAME@N with N a positive whole number")
+    return policy, int(cap)
 
 
 def bench_engines(
@@ -142,6 +178,8 @@ def bench_engines(
     """
     if perf is None:
         perf = _pool_spec_perf(options)
+    for policy in policies:
+        parse_policy_cap(policy)  # a bad NAME@N fails before the workers start
     tasks = synthetic_tasks(workload.prompts, workload, seed)
     pool = LocalPool(tps, options)
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
@@ -152,13 +190,16 @@ def bench_engines(
         for r in range(rounds):
             order = list(policies[r % len(policies) :]) + list(policies[: r % len(policies)])
             for policy in order:
-                output = out / "runs" / f"{policy}-r{r}.jsonl"
+                base, cap = parse_policy_cap(policy)
+                label = policy.replace("@", "-cap")
+                output = out / "runs" / f"{label}-r{r}.jsonl"
                 output.unlink(missing_ok=True)
                 cpu = time.process_time()
-                result, finishes = await _one_run(
+                result, finishes, longest = await _one_run(
                     workers,
-                    job=f"{policy}-r{r}",
-                    policy=policy,
+                    job=f"{label}-r{r}",
+                    policy=base,
+                    max_in_flight=cap * len(workers) if cap else None,
                     tasks=tasks,
                     workload=workload,
                     samples=samples,
@@ -184,12 +225,16 @@ def bench_engines(
                     "recomputes": result.recomputes,
                     "done": p.done,
                     "failed": p.failed,
+                    **longest,
                 }
                 runs[policy].append(row)
                 cdfs[policy] = finishes
                 progress(
                     f"round {r + 1}/{rounds} {policy:>10s}: {p.elapsed_s:7.1f} s makespan, "
-                    f"{row['tokens_per_s']:8.0f} tok/s, {result.migrations} migrations"
+                    f"{row['tokens_per_s']:8.0f} tok/s, {result.migrations} migrations, "
+                    f"longest trajectory ({longest.get('longest_generated_tokens', 0.0):.0f} "
+                    f"tokens) {longest.get('longest_wall_s', 0.0):.1f} s, "
+                    f"{longest.get('longest_serial_s', 0.0):.1f} s of it not queued"
                 )
 
     try:
@@ -200,6 +245,8 @@ def bench_engines(
         p: {
             "median_tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows),
             "median_makespan_s": statistics.median(r["makespan_s"] for r in rows),
+            "min_tokens_per_s": min(r["tokens_per_s"] for r in rows),
+            "max_tokens_per_s": max(r["tokens_per_s"] for r in rows),
             "tokens": rows[0]["tokens"],
         }
         for p, rows in runs.items()
@@ -287,7 +334,7 @@ def bench_control_loop(
 
         sampler = asyncio.create_task(sample_rss())
         started, cpu_started = time.perf_counter(), time.process_time()
-        result, _ = await _one_run(
+        result, _, _ = await _one_run(
             endpoints,
             job="scale",
             policy="heddle",

@@ -421,7 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument(
         "--policies",
         default=None,
-        help=f"comma-separated; 'rollout': {DEFAULT_POLICIES}, 'engines': heddle,verl,slime",
+        help=f"comma-separated; 'rollout': {DEFAULT_POLICIES}, 'engines': heddle,verl,slime "
+        "(there NAME@N caps a policy at N trajectories in flight per engine, e.g. verl@32)",
     )
     p_bench.add_argument(
         "--ablation",
@@ -453,7 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument(
         "--workload",
         default=None,
-        help="preset name or YAML file (coding; quickstart for 'engines' and 'control-loop')",
+        help="preset name or YAML file (coding; quickstart for 'engines' and 'control-loop'; "
+        "engines-tail: a throughput-bound long tail for 'engines')",
     )
     p_bench.add_argument(
         "--workloads", default="coding,search,math", help="comma-separated, for 'predictor'"

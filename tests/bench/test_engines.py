@@ -1,0 +1,47 @@
+"""``heddle bench engines``: baselines with an in-flight cap, and the regime check."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from heddle.bench._session import bench_engines, parse_policy_cap
+from heddle.exceptions import ConfigError
+from heddle.rollout import LocalWorkerOptions, load_workload
+
+
+def test_a_policy_name_may_carry_an_in_flight_cap_per_engine() -> None:
+    assert parse_policy_cap("verl") == ("verl", None)
+    assert parse_policy_cap("slime@16") == ("slime", 16)
+    for bad in ("verl@", "verl@0", "verl@x"):
+        with pytest.raises(ConfigError, match="NAME@N"):
+            parse_policy_cap(bad)
+
+
+def test_a_capped_baseline_runs_beside_heddle_on_the_same_sim_workers(tmp_path: Path) -> None:
+    workload = dataclasses.replace(load_workload("quickstart"), prompts=2)
+    options = LocalWorkerOptions(
+        engine="sim", time_scale=0.0, max_model_len=1 << 20, log_dir=tmp_path / "logs"
+    )
+    result = bench_engines(
+        workload=workload,
+        policies=["heddle", "verl@1"],
+        options=options,
+        tps=[1, 1],
+        samples=workload.samples_per_prompt,
+        rounds=1,
+        seed=1,
+        tool_time_scale=0.0,
+        out=tmp_path,
+        progress=lambda _: None,
+    )
+    assert set(result["policies"]) == {"heddle", "verl@1"}
+    assert set(result["throughput_ratios"]) == {"heddle/verl@1"}
+    row = result["runs"]["verl@1"][0]
+    assert row["done"] == 8 and row["failed"] == 0
+    # The regime check: the longest trajectory's own wall time, against the makespan.
+    assert 0 < row["longest_wall_s"] <= row["makespan_s"] + 1e-6
+    assert row["longest_generated_tokens"] > 0
+    assert (tmp_path / "runs" / "verl-cap1-r0.jsonl").exists()
