@@ -120,13 +120,6 @@ class SimulatedShapePlanner:
     (``heddle-order``) was 1.7% ahead (docs/benchmarks.md). So a replica smaller
     than the pool judges only ``per_engine_variants`` (``heddle`` ->
     ``heddle-order``), and a win inside the margin is not trusted.
-
-    ``resamples``: a win by the margin must also hold, as any lead at all, on
-    that many bootstrap redraws of the replica (its GRPO groups drawn with
-    replacement, seeded). One rollout's draw is a sample: at 2,048 trajectories
-    on 16 GPUs the replica put Heddle 5.9% ahead on ``math`` and ``bimodal``
-    and the next draw put it 5% and 8% behind (docs/benchmarks.md); a lead
-    that a redraw of the same history erases is not one to bet a rollout on.
     """
 
     name = "simulated"
@@ -143,8 +136,6 @@ class SimulatedShapePlanner:
         fallbacks: Sequence[str] = ("verl", "slime"),
         margin: float = 0.05,
         per_engine_variants: Mapping[str, str] | None = None,
-        resamples: int = 2,
-        seed: int = 0,
     ) -> None:
         if mini_gpus < 1:
             raise ConfigError(f"mini_gpus={mini_gpus} must be >= 1")
@@ -163,14 +154,8 @@ class SimulatedShapePlanner:
         if not 0.0 <= margin < 1.0:
             raise ConfigError(f"margin={margin} must be in [0, 1)")
         self.margin = margin
-        if resamples < 0:
-            raise ConfigError(f"resamples={resamples} must be >= 0")
-        self.resamples = resamples
-        self.seed = seed
         self.per_engine_variants = dict(
-            {"heddle": "heddle-order", "heddle-dynamic": "heddle-order"}
-            if per_engine_variants is None
-            else per_engine_variants
+            {"heddle": "heddle-order"} if per_engine_variants is None else per_engine_variants
         )
         if self.proxy.adaptive_shape:
             raise ConfigError(f"proxy={proxy!r} plans its own shape; give a fixed-shape policy")
@@ -332,9 +317,7 @@ class SimulatedShapePlanner:
                 if cost < own_cost:
                     own_cost, own_policy = cost, variant
             self.scores[f"static {static_policy} cap{static_cap} {best}"] = static_cost
-            if own_cost > static_cost * (1.0 - self.margin) or not self._holds_on_redraws(
-                replica, best, own_policy, (static_policy, static_cap), seed
-            ):
+            if own_cost > static_cost * (1.0 - self.margin):
                 fallback, cap, best_cost = static_policy, static_cap, static_cost
             else:
                 fallback = None if own_policy == policy else own_policy
@@ -347,25 +330,6 @@ class SimulatedShapePlanner:
         if proposed != current and best_cost + self.config.reshape_s < current_cost:
             return ShapePlan(proposed, best_cost, current_cost, True, n, fallback, cap)
         return ShapePlan(current, current_cost, current_cost, False, n, fallback, cap)
-
-    def _holds_on_redraws(
-        self,
-        replica: _Replica,
-        shape: PoolShape,
-        own: str,
-        static: tuple[str, int | None],
-        seed: Sequence[FinishedTrajectory],
-    ) -> bool:
-        """Does ``own`` finish sooner than ``static`` on every bootstrap redraw?"""
-        for k in range(self.resamples):
-            redraw = _Replica(replica.scale, replica.gpus, _redraw(replica.scripts, self.seed + k))
-            mine = self._simulate(redraw, shape, own, None, seed)
-            theirs = self._simulate(redraw, shape, static[0], static[1])
-            self.scores[f"redraw{k} {own} {shape}"] = mine
-            self.scores[f"redraw{k} static {shape}"] = theirs
-            if mine >= theirs:
-                return False
-        return True
 
     def plan_history(
         self,
@@ -383,20 +347,6 @@ class SimulatedShapePlanner:
             history, tool_latency_s=latency, tool_output_tokens=tool_output_tokens
         )
         return self.plan_workload(sketch, current, policy=policy)
-
-
-def _redraw(scripts: Sequence[TrajectoryScript], seed: int) -> list[TrajectoryScript]:
-    """The scripts' GRPO groups drawn with replacement (as many groups), renamed apart."""
-    groups: dict[str, list[TrajectoryScript]] = {}
-    for script in scripts:
-        groups.setdefault(script.group_id, []).append(script)
-    keys = list(groups)
-    picks = np.random.default_rng(seed).integers(0, len(keys), size=len(keys))
-    out: list[TrajectoryScript] = []
-    for j, pick in enumerate(picks):
-        for script in groups[keys[int(pick)]]:
-            out.append(replace(script, id=f"{script.id}~{j}", group_id=f"{script.group_id}~{j}"))
-    return out
 
 
 def _mean_latency(scripts: Sequence[TrajectoryScript]) -> float:

@@ -202,63 +202,15 @@ def test_where_trajectory_scheduling_is_not_predicted_to_help_heddle_runs_the_be
     own = min(planner.scores[f"heddle {plan.shape}"], planner.scores[f"heddle-order {plan.shape}"])
     (static,) = [v for k, v in planner.scores.items() if k.startswith("static ")]
     assert static <= planner.scores[str(plan.shape)]  # no worse than the proxy at its best cap
-    # Heddle keeps trajectory scheduling only when the replica shows a clear (5%) win
-    # that every bootstrap redraw of the replica confirms.
+    # Heddle keeps trajectory scheduling only when the replica shows a clear (5%) win.
     static_chosen = plan.fallback_policy in ("verl", "slime")
-    redraws: dict[str, dict[str, float]] = {}
-    for key, value in planner.scores.items():
-        if key.startswith("redraw"):  # "redraw<k> <policy or 'static'> <shape>"
-            k, who = key.split()[:2]
-            redraws.setdefault(k, {})["static" if who == "static" else "own"] = value
-    lost_a_redraw = any(r["own"] >= r["static"] for r in redraws.values())
-    assert static_chosen == (own > 0.95 * static or lost_a_redraw)
-    if own <= 0.95 * static:
-        assert redraws, "a win in the replica is checked on redraws"
-        assert all(len(r) == 2 for r in redraws.values())
+    assert static_chosen == (own > 0.95 * static)
     assert plan.predicted_makespan_s == (static if static_chosen else own)
     assert plan.fallback_policy in (None, "heddle-order", "verl", "slime")
     keep = simulated(
-        perf,
-        gpus=8,
-        caps=(None, 128),
-        margin=0.0,
-        fallbacks=("verl",),
-        per_engine_variants={},
-        resamples=0,
+        perf, gpus=8, caps=(None, 128), margin=0.0, fallbacks=("verl",), per_engine_variants={}
     )
     again = keep.plan_history(history, None, tool_means_s={"t": 0.4}, policy="heddle")
     assert (again.fallback_policy is None) == (
         keep.scores[f"heddle {again.shape}"] <= keep.scores[str(again.shape)]
     )
-
-
-def test_a_win_in_the_replica_is_kept_only_if_every_redraw_confirms_it(perf: PerfModel) -> None:
-    # Long-tailed lengths in GRPO groups of 8: a workload where progressive priority can lead.
-    history = records(512, 500, 3000, 4, sigma=1.0)
-
-    def planner(resamples: int) -> SimulatedShapePlanner:
-        return simulated(
-            perf, gpus=8, caps=(None,), margin=0.0, fallbacks=("verl",), resamples=resamples
-        )
-
-    plain, checked = planner(0), planner(2)
-    first = plain.plan_history(history, None, tool_means_s={"t": 0.4}, policy="heddle-order")
-    again = checked.plan_history(history, None, tool_means_s={"t": 0.4}, policy="heddle-order")
-    shape = again.shape
-    own = checked.scores[f"heddle-order {shape}"]
-    static = checked.scores[f"static verl capNone {shape}"]
-    assert own == plain.scores[f"heddle-order {shape}"]  # the same replica, the same verdict
-    assert (first.fallback_policy is None) == (own < static)
-    pairs = [
-        (
-            checked.scores[f"redraw{k} heddle-order {shape}"],
-            checked.scores[f"redraw{k} static {shape}"],
-        )
-        for k in range(2)
-        if f"redraw{k} static {shape}" in checked.scores
-    ]
-    if own < static:
-        assert pairs, "a lead in the replica is checked on redraws"
-        # A redraw is another sample: its makespans are not the replica's.
-        assert all(t != static for _, t in pairs)
-    assert (again.fallback_policy is None) == (own < static and all(m < t for m, t in pairs))
