@@ -155,7 +155,9 @@ class SimulatedShapePlanner:
             raise ConfigError(f"margin={margin} must be in [0, 1)")
         self.margin = margin
         self.per_engine_variants = dict(
-            {"heddle": "heddle-order"} if per_engine_variants is None else per_engine_variants
+            {"heddle": "heddle-order", "heddle-dynamic": "heddle-order"}
+            if per_engine_variants is None
+            else per_engine_variants
         )
         if self.proxy.adaptive_shape:
             raise ConfigError(f"proxy={proxy!r} plans its own shape; give a fixed-shape policy")
