@@ -202,6 +202,7 @@ class SiblingPredictor(LengthPredictor):
         # id -> ((tokens, turns, group version), prediction): a tool result alone
         # changes nothing the model sees, so re-predicting after it is free.
         self._cache: dict[str, tuple[tuple[int, int, int], Prediction]] = {}
+        self._unit_grid = np.linspace(-4.0, 4.0, c.grid_points)  # the posterior's, before scaling
 
     @property
     def hyperparameters(self) -> dict[str, object]:
@@ -385,7 +386,7 @@ class SiblingPredictor(LengthPredictor):
             return group.grid, group.log_w
         h = self._hyper
         prior_mean = h.intercept + h.slope * math.log(max(1, group.prompt_tokens))
-        grid = prior_mean + h.tau * np.linspace(-4.0, 4.0, self.config.grid_points)
+        grid = prior_mean + h.tau * self._unit_grid
         log_w = -0.5 * ((grid - prior_mean) / h.tau) ** 2
         if self.config.use_siblings:
             if group.finished:
@@ -395,9 +396,14 @@ class SiblingPredictor(LengthPredictor):
                 tokens, turns = np.array(list(group.live.values()), dtype=np.int64).T
                 evidence, means, sds = self._evidence(grid, tokens, turns)
                 log_w += evidence.sum(axis=1)
+                # One transposed copy per array: each member's row is a contiguous view
+                # (every refit rebuilds the posterior of every running group).
+                by_member = zip(evidence.T.copy(), means.T.copy(), sds.T.copy(), strict=True)
                 group.member_evidence = {
-                    tid: (progress, evidence[:, i].copy(), means[:, i].copy(), sds[:, i].copy())
-                    for i, (tid, progress) in enumerate(group.live.items())
+                    tid: (progress, ev, mean, sd)
+                    for (tid, progress), (ev, mean, sd) in zip(
+                        group.live.items(), by_member, strict=True
+                    )
                 }
         group.grid, group.log_w = grid, log_w
         return grid, log_w
