@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import Counter
+
 from heddle.api import SamplingSpec, WeightsSpec
 from heddle.exceptions import (
     HeddleError,
@@ -134,6 +136,9 @@ class RolloutSession:
         self.malformed_tasks = malformed_tasks
         self.config = config or SessionConfig()
         self.metrics = metrics or SessionMetrics()
+        # Labelled children of the per-step counters, looked up once: labels() takes a
+        # lock and checks its arguments on every call, several times a step.
+        self._children: dict[tuple[Counter, tuple[str, ...]], Counter] = {}
         self.on_progress = on_progress
         # At most this many trajectories started and unfinished (the rest start in task
         # order as others finish): the in-flight cap the shape planner may ask for.
@@ -458,8 +463,8 @@ class RolloutSession:
             self._steps += 1
             self._tokens += len(reply.token_ids)
             self._rate.add(len(reply.token_ids))
-            self.metrics.tokens.labels(self.job).inc(len(reply.token_ids))
-            self.metrics.steps.labels(self.job, worker).inc()
+            self._child(self.metrics.tokens, self.job).inc(len(reply.token_ids))
+            self._child(self.metrics.steps, self.job, worker).inc()
             if traj.turns >= self.max_turns:
                 outcome_done, reason = True, "max_turns"
             else:
@@ -486,9 +491,9 @@ class RolloutSession:
             run.tool_errors += outcome.tool_errors
             traj.tool_calls = run.tool_calls
             for _ in range(len(outcome.tool_calls) - outcome.tool_errors):
-                self.metrics.tool_calls.labels(self.job, "ok").inc()
+                self._child(self.metrics.tool_calls, self.job, "ok").inc()
             for _ in range(outcome.tool_errors):
-                self.metrics.tool_calls.labels(self.job, "error").inc()
+                self._child(self.metrics.tool_calls, self.job, "error").inc()
             if outcome.restart:
                 return True
             if outcome.done:
@@ -641,6 +646,12 @@ class RolloutSession:
                 self._instances[n] = self.perf.instance(n, self._endpoints[n].tp)
         instances = [self._instances[n] for n in names]
         return ClusterView(instances, {n: self._load[n] for n in names})
+
+    def _child(self, metric: Counter, *labels: str) -> Counter:
+        child = self._children.get((metric, labels))
+        if child is None:
+            child = self._children[metric, labels] = metric.labels(*labels)
+        return child
 
     def _predict(self, run: TrajectoryRun) -> None:
         if self.predictor is not None:

@@ -29,6 +29,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 from typing import ClassVar
 
 import numpy as np
@@ -148,12 +149,23 @@ class _Hyper:
 
 def _fit_rate(records: list[FinishedTrajectory]) -> tuple[tuple[float, float, float], ...]:
     """Per step k: log(mean step length so far) on log total, over trajectories alive at k."""
+    # Each record's log length and step-length prefix sums once, not once per k:
+    # a refit runs over every record so far (the same numbers: integer sums).
+    rows = [
+        (
+            math.log(r.total_tokens),
+            len(r.turn_tokens),
+            list(accumulate(r.turn_tokens[:_RATE_STEPS])),
+        )
+        for r in records
+        if len(r.turn_tokens) > 1
+    ]
     fitted: list[tuple[float, float, float]] = []
     for k in range(1, _RATE_STEPS + 1):
         pairs = [
-            (math.log(r.total_tokens), math.log(max(1, sum(r.turn_tokens[:k])) / k))
-            for r in records
-            if len(r.turn_tokens) > k
+            (log_total, math.log(max(1, prefix[k - 1]) / k))
+            for log_total, steps, prefix in rows
+            if steps > k
         ]
         if len(pairs) < _MIN_RATE_SAMPLES:
             break
@@ -190,6 +202,7 @@ class SiblingPredictor(LengthPredictor):
         # id -> ((tokens, turns, group version), prediction): a tool result alone
         # changes nothing the model sees, so re-predicting after it is free.
         self._cache: dict[str, tuple[tuple[int, int, int], Prediction]] = {}
+        self._unit_grid = np.linspace(-4.0, 4.0, c.grid_points)  # the posterior's, before scaling
 
     @property
     def hyperparameters(self) -> dict[str, object]:
@@ -338,9 +351,34 @@ class SiblingPredictor(LengthPredictor):
     def _member(
         self, grid: np.ndarray, progress: tuple[int, int]
     ) -> tuple[tuple[int, int], np.ndarray, np.ndarray, np.ndarray]:
-        tokens, turns = np.array([progress[0]]), np.array([progress[1]])
-        evidence, mean, sd = self._evidence(grid, tokens, turns)
-        return progress, evidence[:, 0], mean[:, 0], sd[:, 0]
+        """:meth:`_evidence` of one trajectory, the per-step path.
+
+        The trajectory's own terms are scalars here, so only the grid-sized
+        arithmetic goes through numpy (its per-call cost is most of the work at
+        40 points); every element gets the same operations in the same order as
+        in :meth:`_evidence`, so the results are bit for bit the same.
+        """
+        h = self._hyper
+        tokens, turns = progress
+        log_g = np.log(max(tokens, 1))
+        if h.rate and turns >= 1 and tokens > 0:
+            c, d, v = h.rate[min(turns, len(h.rate)) - 1]
+            r = log_g - np.log(turns)
+            precision = 1.0 / h.sigma**2 + d * d / v
+            mean = (grid / h.sigma**2 + d * (r - c) / v) / precision
+            sd = np.full(grid.size, np.sqrt(1.0 / precision))
+            spread = v + d * d * h.sigma**2
+            log_ev = -0.5 * (r - c - d * grid) ** 2 / spread
+        else:
+            mean, sd, log_ev = grid.copy(), np.full(grid.size, h.sigma), None
+        # Without rate evidence the batch form adds zeros: x + 0.0 is x (log_normal_sf is
+        # never -0.0), so the sum is skipped.
+        if tokens > 0:
+            survive = log_normal_sf((log_g - mean) / sd)
+            evidence = survive if log_ev is None else log_ev + survive
+        else:
+            evidence = np.zeros(grid.size) if log_ev is None else log_ev
+        return progress, evidence, mean, sd
 
     def _posterior(self, group: _Group) -> tuple[np.ndarray, np.ndarray]:
         """Grid over mu_group and its log weights, given every sibling (cached)."""
@@ -348,7 +386,7 @@ class SiblingPredictor(LengthPredictor):
             return group.grid, group.log_w
         h = self._hyper
         prior_mean = h.intercept + h.slope * math.log(max(1, group.prompt_tokens))
-        grid = prior_mean + h.tau * np.linspace(-4.0, 4.0, self.config.grid_points)
+        grid = prior_mean + h.tau * self._unit_grid
         log_w = -0.5 * ((grid - prior_mean) / h.tau) ** 2
         if self.config.use_siblings:
             if group.finished:
@@ -356,12 +394,16 @@ class SiblingPredictor(LengthPredictor):
                 log_w += (-0.5 * ((finished[None, :] - grid[:, None]) / h.sigma) ** 2).sum(axis=1)
             if group.live:
                 tokens, turns = np.array(list(group.live.values()), dtype=np.int64).T
-                evidence = self._evidence(grid, tokens, turns)[0]
+                evidence, means, sds = self._evidence(grid, tokens, turns)
                 log_w += evidence.sum(axis=1)
-                means, sds = self._evidence(grid, tokens, turns)[1:]
+                # One transposed copy per array: each member's row is a contiguous view
+                # (every refit rebuilds the posterior of every running group).
+                by_member = zip(evidence.T.copy(), means.T.copy(), sds.T.copy(), strict=True)
                 group.member_evidence = {
-                    tid: (progress, evidence[:, i].copy(), means[:, i].copy(), sds[:, i].copy())
-                    for i, (tid, progress) in enumerate(group.live.items())
+                    tid: (progress, ev, mean, sd)
+                    for (tid, progress), (ev, mean, sd) in zip(
+                        group.live.items(), by_member, strict=True
+                    )
                 }
         group.grid, group.log_w = grid, log_w
         return grid, log_w

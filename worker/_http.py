@@ -56,12 +56,24 @@ class HttpPool:
         self._idle: list[_Connection] = []
         self._open = 0
         self._freed = asyncio.Condition()
+        self._waiting = 0  # requests waiting in _acquire for a connection
         self._closed = False
 
     async def _acquire(self, fresh: bool = False) -> _Connection:
+        if self._idle and not fresh:
+            # The usual case, taken without the condition's lock (its acquire and release
+            # cost more than the rest of a request here): one event loop thread, and
+            # nothing is awaited between the check and the pop.
+            conn = self._idle.pop()
+            conn.reused = True
+            return conn
         async with self._freed:
             while not self._idle and self._open >= self.max_connections:
-                await self._freed.wait()
+                self._waiting += 1
+                try:
+                    await self._freed.wait()
+                finally:
+                    self._waiting -= 1
             if self._idle and fresh:
                 # Idle connections older than the server's keep-alive are all closed by
                 # now: drop one to make room for a new one instead of reusing it.
@@ -89,9 +101,10 @@ class HttpPool:
             conn.close()
             await self._forget()
             return
-        async with self._freed:
-            self._idle.append(conn)
-            self._freed.notify()
+        self._idle.append(conn)
+        if self._waiting:  # the lock only when some request waits for a connection
+            async with self._freed:
+                self._freed.notify()
 
     async def request(
         self, method: str, path: str, body: bytes | None = None, *, timeout: float = 30.0
@@ -136,20 +149,22 @@ class HttpPool:
             head.append("Content-Length: 0")
         conn.writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + (body or b""))
         await conn.writer.drain()
-        status_line = await conn.reader.readuntil(b"\r\n")
+        # The whole head in one read: a reply costs one wait on the stream, not one per
+        # header line. Past the stream's limit (16 MiB) readuntil refuses; a head past
+        # _MAX_HEADER_BYTES is refused once read.
+        try:
+            head_bytes = await conn.reader.readuntil(b"\r\n\r\n")
+        except asyncio.LimitOverrunError:
+            raise HttpError("reply headers too large") from None
+        if len(head_bytes) > _MAX_HEADER_BYTES:
+            raise HttpError("reply headers too large")
+        status_line, *lines = head_bytes[:-4].split(b"\r\n")
         try:
             status = int(status_line.split(b" ", 2)[1])
         except (IndexError, ValueError):
             raise HttpError(f"malformed status line {status_line[:80]!r}") from None
         headers: dict[str, str] = {}
-        size = 0
-        while True:
-            line = await conn.reader.readuntil(b"\r\n")
-            size += len(line)
-            if size > _MAX_HEADER_BYTES:
-                raise HttpError("reply headers too large")
-            if line == b"\r\n":
-                break
+        for line in lines:
             name, _, value = line.decode("latin-1").partition(":")
             headers[name.strip().lower()] = value.strip()
         if headers.get("transfer-encoding", "").lower() == "chunked":

@@ -144,3 +144,24 @@ def test_siblings_beat_progress_alone_on_the_coding_workload() -> None:
         assert scores["sibling"][k].pearson_all > scores["progress"][k].pearson_all
     assert scores["sibling"][2].pearson_all > 0.6
     assert scores["sibling"][4].tail_recall_all > scores["sibling"][1].tail_recall_all
+
+
+def test_one_trajectorys_evidence_is_the_batch_forms_bit_for_bit() -> None:
+    """The per-step scalar path (_member) against the batch form the posterior uses."""
+    import numpy as np
+
+    history = [
+        FinishedTrajectory(f"g{g}", 400, 900 * (g % 5 + 1) + 37 * s, 3 + s % 4, (300, 250, 400))
+        for g in range(40)
+        for s in range(8)
+    ]
+    p = SiblingPredictor()
+    for seeded in (False, True):  # without, then with, the step-length (rate) model
+        if seeded:
+            p.seed(history)
+        grid = p._posterior(p._group(Trajectory("x", "g0", 400)))[0]
+        for tokens, turns in [(0, 0), (0, 1), (5, 0), (1, 1), (777, 2), (3000, 5), (40000, 30)]:
+            _, evidence, mean, sd = p._member(grid, (tokens, turns))
+            batch = p._evidence(grid, np.array([tokens]), np.array([turns]))
+            for got, want in zip((evidence, mean, sd), batch, strict=True):
+                assert got.tobytes() == np.ascontiguousarray(want[:, 0]).tobytes()
