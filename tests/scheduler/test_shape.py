@@ -202,9 +202,9 @@ def test_where_trajectory_scheduling_is_not_predicted_to_help_heddle_runs_the_be
     own = min(planner.scores[f"heddle {plan.shape}"], planner.scores[f"heddle-order {plan.shape}"])
     (static,) = [v for k, v in planner.scores.items() if k.startswith("static ")]
     assert static <= planner.scores[str(plan.shape)]  # no worse than the proxy at its best cap
-    # Heddle keeps trajectory scheduling only when the replica shows a clear (5%) win.
+    # Heddle keeps trajectory scheduling only when the replica shows a clear (10%) win.
     static_chosen = plan.fallback_policy in ("verl", "slime")
-    assert static_chosen == (own > 0.95 * static)
+    assert static_chosen == (own > 0.90 * static)
     assert plan.predicted_makespan_s == (static if static_chosen else own)
     assert plan.fallback_policy in (None, "heddle-order", "verl", "slime")
     keep = simulated(
