@@ -135,6 +135,18 @@ def test_bench_rollout_compares_heddle_with_the_best_tuned_baseline(tmp_path: Pa
     assert (tmp_path / "rollout.png").stat().st_size > 10_000
 
 
+def test_bench_ablation_adds_each_mechanism_as_its_own_row(tmp_path: Path) -> None:
+    argv = ["bench", "--workload", "math", "--prompts", "4", "--gpus", "4", "--quiet"]
+    argv += ["--policies", "verl", "--baseline-caps", "none", "--ablation", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "results.json").read_text())
+    rows = {k for k in report["policies"] if not k.startswith("verl ")}
+    # Progressive priority, + placement, + migration, + the shape planner, + tail merges.
+    assert rows == {"heddle-order", "heddle-place", "heddle-migrate", "heddle", "heddle-dynamic"}
+    tokens = {r["tokens"] for r in report["policies"].values()}
+    assert len(tokens) == 1  # every row ran the same trajectories
+
+
 def test_bench_rollout_replays_a_trace_of_heddle_records(tmp_path: Path) -> None:
     """A trace in Heddle's own output format: only finished records are replayed."""
     rows = [
