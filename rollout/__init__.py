@@ -121,6 +121,7 @@ from ._run import (
     read_job_tasks,
     resolve_job,
     run_local,
+    session_config_for,
 )
 from ._session import (
     RolloutSession,
@@ -241,6 +242,7 @@ __all__ = [
     "record_key",
     "resolve_job",
     "run_local",
+    "session_config_for",
     "split_trainer_row",
     "step_seed",
     "stored_reply",

@@ -69,6 +69,7 @@ __all__ = [
     "read_job_tasks",
     "resolve_job",
     "run_local",
+    "session_config_for",
 ]
 
 log = logging.getLogger("heddle.run")
@@ -494,13 +495,21 @@ def build_session(
         policy=plan.policy,
         deadline_s=local.job.deadline_s,
         malformed_tasks=len(local.tasks.errors),
-        config=config or SessionConfig(replan_interval_s=local.job.replan_interval_s),
+        config=session_config_for(local.job, config),
         on_progress=on_progress,
         metrics=metrics,
         weights=local.job.weights,
         weight_versions=weight_versions,
         max_trajectories_in_flight=plan.max_trajectories_in_flight,
     )
+
+
+def session_config_for(job: RolloutJobSpec, base: SessionConfig | None = None) -> SessionConfig:
+    """``base`` (the operator's or the CLI's session settings) with the fields a RolloutJob
+    may set taken from the job: the one place where a job overrides them. The session pod
+    always passes the operator's settings, so a job value applied only when no ``base`` is
+    given would be silently ignored on a cluster."""
+    return replace(base or SessionConfig(), replan_interval_s=job.replan_interval_s)
 
 
 def gateway_file(output: Path) -> Path:

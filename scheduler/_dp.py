@@ -208,7 +208,9 @@ class _Blocks:
         # Past the cap requests take turns: F(b) = F(cap) * b / cap.
         beyond = (np.minimum(budget, 1e15) * (cap / slowdown[cap])).astype(np.int64)
         over = budget >= slowdown[cap]
-        return np.where(over, np.maximum(beyond, cap), within_cap)
+        # Annotated: some numpy releases (2.4) type np.where's result as Any.
+        counts: IntArray = np.where(over, np.maximum(beyond, cap), within_cap)
+        return counts
 
     def cost(self, j: int, start: int, end: int) -> float:
         return group_cost(self.instances[j], end - start, self.scalar_lengths[start])
