@@ -70,9 +70,6 @@ class Episode(ABC):
     expected_tool_s: float = 0.0  # what the scheduler may assume a tool call takes
     tool_seconds: float = field(default=0.0, init=False)  # time spent in tools so far
 
-    def first_messages(self) -> list[Mapping[str, str]]:
-        return list(self.task.messages)
-
     async def opening(self) -> Outcome | None:
         """Before the first step: the first messages (``messages``), or the end (``done``).
 

@@ -242,13 +242,6 @@ class LocalPool:
                 proc.process.wait()
             proc.log.close()
 
-    def stop_now(self) -> None:
-        """Synchronous last resort (atexit, a second Ctrl-C): SIGKILL everything."""
-        for proc in self.procs.values():
-            if proc.process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.process.pid, signal.SIGKILL)
-
 
 TINY = "tiny"
 TINY_DIR = Path(".heddle/models/tiny")  # where the tiny model is generated, per working directory

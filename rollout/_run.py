@@ -237,11 +237,6 @@ class PoolPlan:
     max_trajectories_in_flight: int | None = None
 
 
-def plan_shape(local: LocalJob, perf: PerfModel) -> PoolShape:
-    """The pool's shape (:func:`plan_pool`)."""
-    return plan_pool(local, perf).shape
-
-
 def plan_pool(local: LocalJob, perf: PerfModel) -> PoolPlan:
     """A pinned shape as given; otherwise planned from the predictor's prior (no history).
 

@@ -20,7 +20,6 @@ from heddle.exceptions import ConfigError
 from heddle.rollout import load_bench_workload, load_cluster
 from heddle.scheduler import (
     BASELINES,
-    POLICIES,
     ClusterSpec,
     PoolShape,
     TrajectoryScript,
@@ -302,7 +301,3 @@ def plot(report: dict[str, Any], path: Path) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
-
-
-def known_policies() -> list[str]:
-    return sorted(POLICIES)

@@ -9,8 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import kopf
@@ -204,10 +203,6 @@ def pod_phase(pod: Mapping[str, Any]) -> InstancePhase:
 
 def shape_entries(shape: PoolShape) -> list[dict[str, int]]:
     return [{"tp": tp, "replicas": n} for tp, n in shape.counts]
-
-
-def shape_of(tps: Iterable[int]) -> PoolShape:
-    return PoolShape.of(Counter(tps))
 
 
 MAX_CONDITION_MESSAGE = 32768  # metav1.Condition's limit: the API server refuses longer

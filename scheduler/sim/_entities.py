@@ -10,7 +10,6 @@ cache fills, or at the next iteration boundary after an arrival that can join.
 from __future__ import annotations
 
 import heapq
-import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -372,6 +371,3 @@ class SimEngine:
             self._stop(victim)
             self.preemptions += 1
             self.enqueue(victim, now)  # its KV is gone: it recomputes on readmission
-
-    def next_wake(self) -> float:
-        return self.segment.end_s if self.segment else math.inf

@@ -559,9 +559,5 @@ class Simulator:
                 progress(self._finished, total)
         return summarise(self, events)
 
-    @property
-    def start_s(self) -> float:
-        return 0.0
-
     def finish_times(self) -> list[float]:
         return [s.finish_s if s.finish_s is not None else math.nan for s in self.sims.values()]
