@@ -97,7 +97,7 @@ def _engine_args(items: list[Any], where: str) -> tuple[str, ...]:
 class VLLMSpec:
     """vLLM knobs of every engine in the pool."""
 
-    max_model_len: int = 8192  # tokens of context per trajectory at most
+    max_model_len: int | None = None  # tokens of context per trajectory; None: the model's own
     gpu_memory_utilization: float = 0.9  # share of GPU memory for weights + KV cache
     extra_args: tuple[str, ...] = ()  # passed to the worker's vLLM engine verbatim
 
@@ -134,7 +134,7 @@ class EnginePoolSpec:
         shape = _shape(f, sizes, gpus)
         v = f.sub("vllm")
         vllm = VLLMSpec(
-            max_model_len=v.integer("maxModelLen", 8192, minimum=16),
+            max_model_len=(v.integer("maxModelLen", minimum=16) if v.has("maxModelLen") else None),
             gpu_memory_utilization=v.number(
                 "gpuMemoryUtilization", 0.9, minimum=0.0, maximum=1.0, exclusive_minimum=True
             ),

@@ -59,7 +59,7 @@ class LocalWorkerOptions:
 
     engine: str = "vllm"  # 'vllm' (the CPU build) or 'sim' (the performance model)
     model: str | None = None  # a model directory for vllm
-    max_model_len: int = 4096
+    max_model_len: int | None = None  # None: the model's own (vllm), the sim engine's (sim)
     kv_cache_gib: int = 1  # vLLM CPU KV cache per worker, whole GiB
     block_size: int = 32  # vLLM CPU needs a multiple of 32
     max_num_seqs: int = 64
@@ -297,7 +297,7 @@ def worker_options(
         engine=engine,
         model=model_dir,
         max_model_len=max_model_len
-        or (min(local.pool.vllm.max_model_len, 4096) if engine == "vllm" else 65_536),
+        or (local.pool.vllm.max_model_len if engine == "vllm" else None),
         time_scale=time_scale,
         scripted_replies=scripted_replies,
         log_dir=local.output.parent / "logs",

@@ -261,8 +261,10 @@ def create_app(
     grace_s: float = 30.0,
     max_body_bytes: int = MAX_BODY_BYTES,
     token: str | None = None,
+    engine_started: bool = False,
 ) -> FastAPI:
-    """The worker app; the engine starts with the app and stops with it.
+    """The worker app; the engine starts with the app (unless ``engine_started``: the
+    caller started it) and stops with it.
 
     With ``token``, every route but the probes and /metrics needs it as a bearer token.
     """
@@ -270,7 +272,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await engine.start()
+        if not engine_started:
+            await engine.start()
         try:
             yield
         finally:

@@ -34,7 +34,7 @@ class WorkerArgs:
     tp: int = 1  # tensor-parallel degree
     host: str = "127.0.0.1"
     port: int = 8000
-    max_model_len: int = 65_536
+    max_model_len: int | None = None  # None: the model's own (vllm), the sim engine's default
     grace_s: float = 30.0  # seconds in-flight steps get to finish after SIGTERM
     cluster: str = "64xh100"  # sim: hardware and model whose performance model to run
     time_scale: float = 1.0  # sim: wall seconds per simulated second (0: as fast as possible)
@@ -108,7 +108,12 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel degree")
     p.add_argument("--host", default=d.host)
     p.add_argument("--port", type=int, default=d.port)
-    p.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=d.max_model_len,
+        help="context tokens per trajectory at most (default: the model's own)",
+    )
     p.add_argument(
         "--grace",
         type=float,

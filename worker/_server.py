@@ -60,8 +60,18 @@ def serve(
     token: str | None = None,
 ) -> None:
     """Serve ``engine`` until a signal; blocks. ``token``: see :func:`create_app`."""
-    app = create_app(engine, grace_s=grace_s, max_body_bytes=max_body_bytes, token=token)
+    app = create_app(
+        engine, grace_s=grace_s, max_body_bytes=max_body_bytes, token=token, engine_started=True
+    )
     config = uvicorn.Config(
         app, host=host, port=port, log_level="info", timeout_graceful_shutdown=int(grace_s) + 5
     )
-    asyncio.run(_Server(config, app.state.worker).serve())
+
+    async def run() -> None:
+        # The engine starts before the server, so a refusal (a HeddleError, e.g. a context
+        # longer than the model's) reaches the CLI as one sentence, not as uvicorn's
+        # lifespan traceback; the app's lifespan still stops it.
+        await engine.start()
+        await _Server(config, app.state.worker).serve()
+
+    asyncio.run(run())

@@ -33,7 +33,9 @@ from heddle.scheduler import PerfModel
 from ._engine import Engine, EngineError, EngineStats, Sampling, StepOutput
 from ._weights import LoadedWeights, checkpoint_dir
 
-__all__ = ["SimulatedEngine"]
+__all__ = ["SIM_MAX_MODEL_LEN", "SimulatedEngine"]
+
+SIM_MAX_MODEL_LEN = 65_536  # the simulated engine's context when none is given
 
 _ALPHABET = [32, *range(97, 123)]  # space and a-z as byte-token ids
 _REPLY = re.compile(r"<reply>(.*?)</reply>", re.DOTALL)
@@ -97,7 +99,7 @@ class SimulatedEngine(Engine):
         *,
         tp: int = 1,
         model: str = "sim",
-        max_model_len: int = 65_536,
+        max_model_len: int | None = None,
         time_scale: float = 1.0,
         load_s: float = 0.0,
         seed: int = 0,
@@ -108,7 +110,7 @@ class SimulatedEngine(Engine):
         self.perf = perf
         self.tp = tp
         self.model = model
-        self.max_model_len = max_model_len
+        self.max_model_len = max_model_len or SIM_MAX_MODEL_LEN
         self.time_scale = time_scale
         self.load_s = load_s
         self.scripted_replies = scripted_replies

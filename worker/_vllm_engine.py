@@ -11,6 +11,7 @@ import difflib
 import itertools
 import json
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -42,13 +43,21 @@ PROTECTED_ENGINE_ARGS = {
 }
 
 
+# vLLM's refusal of a max_model_len above the model's ("User-specified max_model_len
+# (65536) is greater than the derived max_model_len (max_position_embeddings=8192 ...").
+_MAX_LEN_REFUSED = re.compile(
+    r"max_model_len \((?P<asked>\d+)\) is greater than the derived max_model_len "
+    r"\(\w+=(?P<own>[\d.]+)"
+)
+
+
 @dataclass(frozen=True)
 class VLLMConfig:
     """What the worker passes to vLLM. ``kv_cache_gib`` applies to the CPU build only."""
 
     model: str
     tp: int = 1
-    max_model_len: int = 4096
+    max_model_len: int | None = None  # None: the model's own context length
     gpu_memory_utilization: float = 0.9
     block_size: int | None = None  # KV block size; smaller blocks cache finer prefixes
     max_num_seqs: int = 100  # the batch cap
@@ -103,7 +112,6 @@ def engine_kwargs(config: VLLMConfig, *, cpu_build: bool) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "model": config.model,
         "tensor_parallel_size": config.tp,
-        "max_model_len": config.max_model_len,
         "gpu_memory_utilization": config.gpu_memory_utilization,
         "max_num_seqs": config.max_num_seqs,
         "enforce_eager": cpu_build if config.enforce_eager is None else config.enforce_eager,
@@ -112,6 +120,8 @@ def engine_kwargs(config: VLLMConfig, *, cpu_build: bool) -> dict[str, Any]:
         "enable_prefix_caching": True,
         "scheduling_policy": "priority",
     }
+    if config.max_model_len is not None:  # else vLLM derives the model's own
+        kwargs["max_model_len"] = config.max_model_len
     if config.block_size is not None:
         kwargs["block_size"] = config.block_size
     kwargs.update(dict(config.engine_args))
@@ -147,7 +157,7 @@ class VLLMEngine(Engine):
         self.config = config
         self.model = config.model
         self.tp = config.tp
-        self.max_model_len = config.max_model_len
+        self.max_model_len = config.max_model_len or 0  # the model's own once it loads
         self.vocab_size = 0  # read from the model when it loads
         self._llm: Any = None
         self._tokenizer: Any = None
@@ -171,7 +181,18 @@ class VLLMEngine(Engine):
         from vllm.v1.engine.async_llm import AsyncLLM  # noqa: PLC0415
 
         args = AsyncEngineArgs(**engine_kwargs(self.config, cpu_build=is_cpu_build()))
-        self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._stat_logger_factory()])
+        try:
+            self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._stat_logger_factory()])
+        except Exception as exc:  # vLLM raises pydantic/ValueError; map the one users hit
+            too_long = _MAX_LEN_REFUSED.search(str(exc))
+            if too_long is None:
+                raise
+            raise ConfigError(
+                f"max_model_len {too_long['asked']} is more than {self.model}'s own context "
+                f"of {int(float(too_long['own']))} tokens: leave it out (--max-model-len, the "
+                "pool's vllm.maxModelLen) to use the model's own, or give a smaller value"
+            ) from None
+        self.max_model_len = int(self._llm.model_config.max_model_len)
         self._tokenizer = self._llm.tokenizer
         self._tool_parsers = VLLMToolParsers(self._tokenizer, self.model)
         # vLLM's own bound (renderers' validate_token_ids): the tokenizer's ids and the

@@ -58,7 +58,7 @@ def test_pool_defaults_and_auto_shape() -> None:
     pool = EnginePoolSpec.from_manifest(POOL)
     assert pool.shape is None  # auto
     assert pool.gpus_per_node == 8
-    assert pool.vllm.max_model_len == 8192
+    assert pool.vllm.max_model_len is None  # the model's own
 
 
 def test_pinned_shape_is_parsed() -> None:

@@ -5,6 +5,7 @@ Skipped only when vLLM is not installed; `.ci/run` installs it, so CI runs these
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -27,12 +28,17 @@ pytestmark = pytest.mark.slow  # real processes or engines; `-m 'not slow'` skip
 
 require_vllm()
 
+_MODEL_DIRS: list[Path] = []  # the module's tiny model, for tests that start their own worker
 _PROCESSES: dict[str, subprocess.Popen[str]] = {}  # url -> worker process, for the SIGTERM test
 
 
-def start_worker(model: Path, port: int, *extra: str) -> subprocess.Popen[str]:
-    """``heddle worker`` as a user starts it by hand (no binding of our own in its environment)."""
+def start_worker(
+    model: Path, port: int, *extra: str, max_model_len: int | None = 2048
+) -> subprocess.Popen[str]:
+    """``heddle worker`` as a user starts it by hand (no binding of our own in its environment);
+    ``max_model_len=None`` leaves the flag out (the model's own)."""
     env = {k: v for k, v in os.environ.items() if k != THREADS_BIND}
+    length = [] if max_model_len is None else ["--max-model-len", str(max_model_len)]
     return subprocess.Popen(
         [
             sys.executable,
@@ -45,8 +51,7 @@ def start_worker(model: Path, port: int, *extra: str) -> subprocess.Popen[str]:
             str(model),
             "--port",
             str(port),
-            "--max-model-len",
-            "2048",
+            *length,
             "--block-size",
             "32",
             "--kv-cache-gib",
@@ -79,12 +84,17 @@ def wait_ready(proc: subprocess.Popen[str], url: str, timeout_s: float = 240) ->
 
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """Two real vLLM workers on one generated tiny model; the second has a batch cap of 1."""
+    """Two real vLLM workers on one generated tiny model; the second has a batch cap of 1 and
+    no --max-model-len (the model's own context)."""
     from heddle.worker._tiny_model import write_tiny_model
 
     model = write_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    _MODEL_DIRS[:] = [model]
     ports = free_port(), free_port()
-    procs = [start_worker(model, ports[0]), start_worker(model, ports[1], "--max-num-seqs", "1")]
+    procs = [
+        start_worker(model, ports[0]),
+        start_worker(model, ports[1], "--max-num-seqs", "1", max_model_len=None),
+    ]
     urls = tuple(f"http://127.0.0.1:{p}" for p in ports)
     _PROCESSES.update(zip(urls, procs, strict=True))
     try:
@@ -218,6 +228,25 @@ def test_state_reports_the_vllm_engine(workers: tuple[str, str]) -> None:
     state = httpx.get(f"{url}/v1/state", timeout=5).json()
     assert state["engine"] == "vllm" and state["tp"] == 1 and state["ready"]
     assert state["max_model_len"] == 2048
+
+
+def test_without_max_model_len_the_worker_takes_the_models_own(
+    workers: tuple[str, str], tmp_path: Path
+) -> None:
+    _, url = workers
+    own = json.loads((_MODEL_DIRS[0] / "config.json").read_text())["max_position_embeddings"]
+    assert httpx.get(f"{url}/v1/state", timeout=5).json()["max_model_len"] == own
+
+
+def test_a_context_longer_than_the_models_is_one_sentence_and_exit_2(
+    workers: tuple[str, str],
+) -> None:
+    proc = start_worker(_MODEL_DIRS[0], free_port(), max_model_len=1 << 20)
+    output, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 2, output
+    last = output.strip().splitlines()[-1]
+    assert last.startswith("heddle: error: max_model_len 1048576 is more than"), output[-2000:]
+    assert "leave it out" in last and "Traceback" not in output
 
 
 def test_an_overlong_context_is_refused_before_it_reaches_vllm(workers: tuple[str, str]) -> None:
