@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
+from collections.abc import Iterator
 from types import FrameType
 
 import uvicorn
@@ -50,6 +53,22 @@ class _Server(uvicorn.Server):
         self.should_exit = True
 
 
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[list[int]]:
+    """SIGTERM and SIGINT are recorded, not acted on, inside the block."""
+    received: list[int] = []
+
+    def record(sig: int, frame: FrameType | None) -> None:
+        received.append(sig)
+
+    previous = {s: signal.signal(s, record) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield received
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def serve(
     engine: Engine,
     *,
@@ -70,8 +89,15 @@ def serve(
     async def run() -> None:
         # The engine starts before the server, so a refusal (a HeddleError, e.g. a context
         # longer than the model's) reaches the CLI as one sentence, not as uvicorn's
-        # lifespan traceback; the app's lifespan still stops it.
-        await engine.start()
+        # lifespan traceback; the app's lifespan still stops it. A signal during the start
+        # waits for it, then stops the engine: dying mid-start would orphan vLLM's engine
+        # process (uvicorn deferred signals the same way when the lifespan started it).
+        with _signals_deferred() as received:
+            await engine.start()
+        if received:
+            log.info("signal %s during start-up: stopping the engine", received[0])
+            await engine.shutdown()
+            return
         await _Server(config, app.state.worker).serve()
 
     asyncio.run(run())
