@@ -195,11 +195,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     elif args.target == "worker":
         from heddle.bench import bench_worker
         from heddle.exceptions import ConfigError
+        from heddle.worker import NAMED_MODELS, named_model_dir
 
         if not args.model:
-            raise ConfigError("bench worker needs --model (e.g. one from: heddle model tiny DIR)")
+            raise ConfigError("bench worker needs --model (a directory, or smollm2 or tiny)")
+        named = args.model in NAMED_MODELS
         result = bench_worker(
-            model=args.model,
+            model=str(named_model_dir(args.model)) if named else args.model,
             concurrency=args.concurrency,
             tokens=args.max_tokens,
             rounds=max(1, min(args.repeats, 9)),
