@@ -14,13 +14,14 @@ from ._fields import Fields
 
 __all__ = ["ON_REWARD_ERROR", "REWARD_TYPES", "RewardSpec", "parse_reward"]
 
-REWARD_TYPES = ("http", "scripted")
+REWARD_TYPES = ("http", "scripted", "answer", "code")
 ON_REWARD_ERROR = ("record", "fail")
 
 
 @dataclass(frozen=True)
 class RewardSpec:
-    """``http``: POST the record to ``url``; ``scripted``: a seeded coin per (task, sample)."""
+    """``http``: POST the record to ``url``; ``scripted``: a seeded coin per (task, sample);
+    ``answer``: the final answer against the task's; ``code``: the task's tests in a sandbox."""
 
     type: str
     url: str = ""
@@ -29,12 +30,22 @@ class RewardSpec:
     on_error: str = "record"  # 'record': reward null + reward_error; 'fail': fail the trajectory
     success_rate: float = 0.5  # scripted: share of samples scored 1.0 (the rest 0.0)
     seed: int = 0  # scripted: another seed, other scores
+    memory_mib: int = 512  # code: the sandbox's address-space limit
 
 
 def parse_reward(r: Fields) -> RewardSpec:
     kind = r.choice("type", REWARD_TYPES, "http")
     on_error = r.choice("onError", ON_REWARD_ERROR, "record")
-    if kind == "scripted":
+    if kind == "answer":
+        spec = RewardSpec("answer", on_error=on_error)
+    elif kind == "code":
+        spec = RewardSpec(
+            "code",
+            timeout_s=r.number("timeoutSeconds", 10.0, exclusive_minimum=True),
+            on_error=on_error,
+            memory_mib=r.integer("memoryMiB", 512, minimum=64),
+        )
+    elif kind == "scripted":
         spec = RewardSpec(
             "scripted",
             on_error=on_error,

@@ -11,6 +11,7 @@ planning path from (job, pool, tasks) to a running session: ``prepare_job`` and
 from ._admission import (
     AdmissionWindow,
 )
+from ._answers import expected_answer, extract_answer, same_answer
 from ._environments import (
     Environment,
     Episode,
@@ -99,11 +100,15 @@ from ._progress import (
 from ._record import (
     TrajectoryRun,
 )
+from ._reward_stats import read_output_records, reward_stats
 from ._rewards import (
+    AnswerReward,
+    CodeReward,
     HttpReward,
     RewardResult,
     RewardScorer,
     ScriptedReward,
+    extract_code,
     make_scorer,
 )
 from ._run import (
@@ -123,6 +128,7 @@ from ._run import (
     run_local,
     session_config_for,
 )
+from ._sandbox import SandboxLimits, SandboxResult, run_python
 from ._session import (
     RolloutSession,
     SessionConfig,
@@ -163,8 +169,10 @@ __all__ = [
     "TRAJECTORY_HEADER",
     "WORKLOAD_PRESETS",
     "AdmissionWindow",
+    "AnswerReward",
     "ChatCall",
     "ChatReply",
+    "CodeReward",
     "Environment",
     "Episode",
     "ExternalEnvironment",
@@ -193,6 +201,8 @@ __all__ = [
     "RewardResult",
     "RewardScorer",
     "RolloutSession",
+    "SandboxLimits",
+    "SandboxResult",
     "ScriptedReward",
     "SessionConfig",
     "SessionMetrics",
@@ -217,7 +227,10 @@ __all__ = [
     "create_gateway_app",
     "die_with_parent",
     "encode_record",
+    "expected_answer",
     "export_rows",
+    "extract_answer",
+    "extract_code",
     "first_difference",
     "gateway_file",
     "is_tiny_model",
@@ -237,11 +250,15 @@ __all__ = [
     "prepare_manifests",
     "read_capped",
     "read_job_tasks",
+    "read_output_records",
     "read_records",
     "read_tasks",
     "record_key",
     "resolve_job",
+    "reward_stats",
     "run_local",
+    "run_python",
+    "same_answer",
     "session_config_for",
     "split_trainer_row",
     "step_seed",

@@ -9,7 +9,10 @@ connections, 5xx and non-JSON bodies retried with backoff; a 4xx, a redirect,
 an oversized reply, or a JSON reply whose ``reward`` is not a finite number is
 not (the endpoint would answer the same again). ``scripted``: 1.0 for a
 seeded share of the (task, sample) pairs and 0.0 for the rest, the same on
-every run, for load tests that need a reward column.
+every run, for load tests that need a reward column. ``answer``: 1.0 when the
+last assistant message's final answer equals the task's (``_answers.py``).
+``code``: 1.0 when the last assistant message's code passes the task's tests in
+a sandboxed subprocess (``_sandbox.py``); why not goes in ``reward_info``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import asyncio
 import hashlib
 import json
 import math
+import os
+import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -29,9 +34,20 @@ import httpx
 from heddle.api import RewardSpec
 from heddle.exceptions import ToolError
 
+from ._answers import expected_answer, extract_answer, same_answer
+from ._sandbox import SandboxLimits, run_python
 from ._tools import MAX_REPLY_BYTES, read_capped, transport_cause
 
-__all__ = ["HttpReward", "RewardResult", "RewardScorer", "ScriptedReward", "make_scorer"]
+__all__ = [
+    "AnswerReward",
+    "CodeReward",
+    "HttpReward",
+    "RewardResult",
+    "RewardScorer",
+    "ScriptedReward",
+    "extract_code",
+    "make_scorer",
+]
 
 
 @dataclass(frozen=True)
@@ -60,6 +76,62 @@ class ScriptedReward(RewardScorer):
         key = f"{self.spec.seed}\x00{record['task_id']}\x00{record['sample']}".encode()
         draw = int.from_bytes(hashlib.sha256(key).digest()[:8], "big") / 2**64
         return RewardResult(1.0 if draw < self.spec.success_rate else 0.0, {"scripted": True})
+
+
+def _final_text(record: Mapping[str, Any]) -> str:
+    """What the model said last: the content of the last assistant message."""
+    for message in reversed(record.get("messages") or []):
+        if message.get("role") == "assistant":
+            return str(message.get("content") or "")
+    return ""
+
+
+class AnswerReward(RewardScorer):
+    async def score(self, record: Mapping[str, Any]) -> RewardResult:
+        expected = expected_answer(record)
+        if expected is None:
+            return RewardResult(
+                None,
+                None,
+                f"task {record.get('task_id')!r} has no metadata.answer for reward type answer",
+            )
+        got = extract_answer(_final_text(record))
+        right = same_answer(got, expected)
+        return RewardResult(1.0 if right else 0.0, {"answer": got, "expected": expected})
+
+
+_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)(?:```|\Z)", re.S | re.I)
+
+
+def extract_code(text: str) -> str | None:
+    """The last fenced code block (an unclosed one runs to the end), else None."""
+    blocks = [b for b in _FENCE.findall(text) if b.strip()]
+    return blocks[-1] if blocks else None
+
+
+class CodeReward(RewardScorer):
+    """The task's ``metadata.tests`` (Python asserts) run after the model's code."""
+
+    def __init__(self, spec: RewardSpec) -> None:
+        super().__init__(spec)
+        self.limits = SandboxLimits(time_s=spec.timeout_s, memory_mib=spec.memory_mib)
+        # One sandbox per core at a time: scoring must not starve the engines.
+        self._slots = asyncio.Semaphore(max(1, (os.cpu_count() or 2) // 2))
+
+    async def score(self, record: Mapping[str, Any]) -> RewardResult:
+        tests = (record.get("metadata") or {}).get("tests")
+        if not isinstance(tests, str) or not tests.strip():
+            return RewardResult(
+                None,
+                None,
+                f"task {record.get('task_id')!r} has no metadata.tests for reward type code",
+            )
+        code = extract_code(_final_text(record))
+        if code is None:
+            return RewardResult(0.0, {"passed": False, "reason": "no code block in the answer"})
+        async with self._slots:
+            result = await run_python(f"{code}\n\n{tests}\n", self.limits)
+        return RewardResult(1.0 if result.passed else 0.0, result.info(), None, result.seconds)
 
 
 class _RetryError(Exception):
@@ -149,4 +221,10 @@ def _parse_reply(data: Any, text: str) -> tuple[float, Mapping[str, Any] | None]
 def make_scorer(spec: RewardSpec | None) -> RewardScorer | None:
     if spec is None:
         return None
-    return ScriptedReward(spec) if spec.type == "scripted" else HttpReward(spec)
+    kinds: dict[str, type[RewardScorer]] = {
+        "scripted": ScriptedReward,
+        "answer": AnswerReward,
+        "code": CodeReward,
+        "http": HttpReward,
+    }
+    return kinds[spec.type](spec)

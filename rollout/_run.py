@@ -49,6 +49,7 @@ from ._local import LocalPool, LocalWorkerOptions, is_tiny_model
 from ._output import OutputSink
 from ._presets import WORKLOAD_PRESETS, load_workload
 from ._progress import Progress, SessionMetrics
+from ._reward_stats import read_output_records, reward_stats
 from ._rewards import make_scorer
 from ._session import RolloutSession, SessionConfig, SessionResult
 from ._tasks import TaskSet, read_tasks
@@ -393,9 +394,20 @@ def summary_of(
             "shape_source": "pinned in the pool" if local.pool.shape is not None else "planned",
         },
         "deadline_hit": result.deadline_hit,
+        "rewards": _rewards_of(local),
         "malformed_tasks": [str(e) for e in local.tasks.errors],
         "failures": result.failures,
     }
+
+
+def _rewards_of(local: LocalJob) -> dict[str, Any] | None:
+    """The output's reward figures, where the job scores its trajectories."""
+    env = local.job.environment
+    if env.reward is None and env.type != "external":  # an external agent may report one
+        return None
+    if not local.output.exists():
+        return None
+    return reward_stats(read_output_records(local.output))
 
 
 async def run_local(

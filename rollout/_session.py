@@ -874,8 +874,14 @@ class RolloutSession:
         for run in self.runs.values():
             if run.status != "running":
                 continue
-            counts[run.traj.state.value] = counts.get(run.traj.state.value, 0) + 1
-            remaining_tokens += run.traj.predicted_remaining_tokens
+            traj = run.traj
+            counts[traj.state.value] = counts.get(traj.state.value, 0) + 1
+            # The prediction knows nothing of the job's caps; the ETA must not outrun them.
+            budget = min(
+                self.sampling.max_total_tokens - traj.generated_tokens,
+                max(1, self.max_turns - traj.turns) * self.sampling.max_tokens_per_turn,
+            )
+            remaining_tokens += max(0.0, min(traj.predicted_remaining_tokens, budget))
         rate = self._rate.rate()
         unfinished = sum(counts.values())
         eta = None

@@ -3,7 +3,7 @@
     .venv/bin/python examples/training-loop/train.py                 # vLLM's CPU build, tiny model
     .venv/bin/python examples/training-loop/train.py --engine sim    # the simulated engine
 
-Each step submits examples/training-loop/job.yaml on the quickstart pool with
+Each step submits examples/training-loop/job.yaml on the tiny pool (examples/synthetic) with
 ``spec.weights`` naming the checkpoint of that step; the workers load it in
 place (no restart) and every record carries its ``weight_version``. The
 trainer takes each task's group of samples as soon as all of them are written,
@@ -28,7 +28,7 @@ from heddle.exceptions import HeddleError
 from heddle.export import read_rollouts
 
 HERE = Path(__file__).resolve().parent
-POOL = HERE.parent / "quickstart" / "pool.yaml"
+POOL = HERE.parent / "synthetic" / "pool.yaml"
 
 
 def write_checkpoint(path: Path, step: int, engine: str) -> None:

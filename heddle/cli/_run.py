@@ -123,6 +123,17 @@ def _print_summary(s: dict[str, Any]) -> None:
             f"  scheduling: step-level baseline ({m['ordering']} order, {m['placement']} "
             f"routing, no predictor, no migration); shape {m['shape']} ({m['shape_source']})"
         )
+    r = s.get("rewards")
+    if r and r["scored"]:
+        unscored = f" ({r['unscored']} unscored: see reward_error)" if r["unscored"] else ""
+        print(
+            f"  rewards: mean {r['mean']:.3f} over {r['scored']} scored trajectories{unscored}; "
+            f"{r['groups']} groups: {r['groups_with_spread']} with a spread (GRPO learns from "
+            f"these), {r['groups_all_best']} all rewarded, {r['groups_all_zero']} all zero; "
+            f"mean group std {r['mean_group_std']:.3f}"
+        )
+    elif r:
+        print(f"  rewards: none of {r['unscored']} trajectories scored (see reward_error)")
     for error in s["malformed_tasks"][:5]:
         print(f"  skipped task: {error}")
     for failure in s["failures"][:5]:

@@ -240,8 +240,9 @@ def test_manifest_file_checks_kind_and_api_version(tmp_path: Path) -> None:
         load_manifests(bad)
 
 
-def test_quickstart_manifests_parse() -> None:
-    quick = ROOT / "examples" / "quickstart"
+@pytest.mark.parametrize("example", ["quickstart", "synthetic"])
+def test_quickstart_manifests_parse(example: str) -> None:
+    quick = ROOT / "examples" / example
     (job_doc,) = load_manifests(quick / "job.yaml")
     (pool_doc,) = load_manifests(quick / "pool.yaml")
     job = RolloutJobSpec.from_manifest(job_doc)
@@ -268,9 +269,9 @@ def test_example_manifests_pass_the_crd_schemas() -> None:
 
 def test_quickstart_preset_is_the_example_workload() -> None:
     preset = ROOT / "scheduler" / "presets" / "quickstart.yaml"
-    example = ROOT / "examples" / "quickstart" / "workload.yaml"
+    example = ROOT / "examples" / "synthetic" / "workload.yaml"
     assert preset.read_text() == example.read_text(), (
-        "cp examples/quickstart/workload.yaml scheduler/presets/quickstart.yaml"
+        "cp examples/synthetic/workload.yaml scheduler/presets/quickstart.yaml"
     )
 
 

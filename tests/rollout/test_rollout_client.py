@@ -17,7 +17,7 @@ from .._rollout_fixtures import assert_exactly_once, read_records
 
 pytestmark = [pytest.mark.slow]
 
-QUICK = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+QUICK = Path(__file__).resolve().parents[2] / "examples" / "synthetic"
 KEYS = {(f"p{i:05d}", s) for i in range(16) for s in range(4)}
 
 
@@ -28,7 +28,7 @@ def anyio_backend() -> str:
 
 def _job(output: Path, **spec: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "enginePool": "quickstart",
+        "enginePool": "tiny",
         "samplesPerTask": 4,
         "environment": {
             "type": "synthetic",

@@ -20,7 +20,7 @@ from .._rollout_fixtures import ToolServer, assert_exactly_once, read_records
 pytestmark = pytest.mark.slow  # real processes or engines; `-m 'not slow'` skips them
 
 ROOT = Path(__file__).resolve().parents[2]
-QUICK = ROOT / "examples" / "quickstart"
+QUICK = ROOT / "examples" / "synthetic"
 
 
 def _heddle(*args: str, cwd: Path) -> subprocess.Popen[str]:
@@ -355,7 +355,7 @@ def test_local_vllm_on_the_tiny_model_plans_with_the_shipped_cpu_profile(
     pinned = replace(pool, tensor_parallel_sizes=(1, 2), shape=PoolShape.of({2: 1}))
     assert type(perf_model_for(pinned, tiny)).__name__ == "PerfModel"
     free = replace(pool, tensor_parallel_sizes=(1, 2))
-    examples = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+    examples = Path(__file__).resolve().parents[2] / "examples" / "synthetic"
     job = prepare_job(examples / "job.yaml", examples / "pool.yaml")
     local = replace(job, pool=free)
     plan = plan_pool(local, perf_model_for(free, tiny))

@@ -1,5 +1,6 @@
-"""Rollouts on real vLLM workers (CPU build, a generated tiny model): the quickstart as the
-README runs it, a worker killed mid-run, and a session stopped and started again.
+"""Rollouts on real vLLM workers (CPU build, a generated tiny model): the synthetic example
+(a long-tailed multi-turn load), a worker killed mid-run, and a session stopped and started
+again. The quickstart on the real model: test_real_model.py.
 
 Skipped only when vLLM is not installed; `.ci/run` installs it, so CI runs these.
 """
@@ -36,10 +37,10 @@ pytestmark = pytest.mark.slow  # real processes or engines; `-m 'not slow'` skip
 require_vllm()
 
 ROOT = Path(__file__).resolve().parents[2]
-QUICK = ROOT / "examples" / "quickstart"
+QUICK = ROOT / "examples" / "synthetic"
 
 
-def test_quickstart_as_in_the_readme(tmp_path: Path) -> None:
+def test_synthetic_example_on_the_tiny_model(tmp_path: Path) -> None:
     output = tmp_path / "rollout.jsonl"
     proc = subprocess.run(
         [

@@ -14,7 +14,7 @@ from .._rollout_fixtures import read_records
 pytestmark = pytest.mark.slow  # real processes or engines; `-m 'not slow'` skips them
 
 ROOT = Path(__file__).resolve().parents[2]
-QUICK = ROOT / "examples" / "quickstart"
+QUICK = ROOT / "examples" / "synthetic"
 
 
 def test_a_sim_rollouts_output_replays_with_its_own_turns_and_tool_times(tmp_path: Path) -> None:

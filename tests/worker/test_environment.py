@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow  # real processes or engines; `-m 'not slow'` skip
 
 require_vllm()
 
-QUICK = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+QUICK = Path(__file__).resolve().parents[2] / "examples" / "synthetic"
 
 
 def heddle(*args: str, path: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
