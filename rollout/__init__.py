@@ -121,6 +121,7 @@ from ._run import (
     read_job_tasks,
     resolve_job,
     run_local,
+    trace_path,
 )
 from ._session import (
     RolloutSession,
@@ -245,6 +246,7 @@ __all__ = [
     "step_seed",
     "stored_reply",
     "synthetic_tasks",
+    "trace_path",
     "transport_cause",
     "worker_options",
     "write_export",

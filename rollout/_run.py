@@ -69,6 +69,7 @@ __all__ = [
     "read_job_tasks",
     "resolve_job",
     "run_local",
+    "trace_path",
 ]
 
 log = logging.getLogger("heddle.run")
@@ -478,9 +479,18 @@ def build_session(
     weight_versions: dict[str, str] | None = None,
 ) -> RolloutSession:
     """The one way from (job, pool, tasks, workers) to a session: ``heddle run``, the
-    session pod (``heddle session``) and the benchmarks all build it here."""
+    session pod (``heddle session``) and the benchmarks all build it here.
+
+    With ``spec.output.trace`` the token trace goes to :func:`trace_path` of the output,
+    written by a sink like the output's (locked, resumed, never a torn line).
+    """
     for error in local.tasks.errors:
         log.warning("skipping a malformed task: %s", error)
+    trace = (
+        OutputSink(trace_path(local.output), follow_symlinks=sink.follow_symlinks)
+        if local.job.output_trace
+        else None
+    )
     return RolloutSession(
         job=local.job.name,
         tasks=local.tasks.tasks,
@@ -500,7 +510,13 @@ def build_session(
         weights=local.job.weights,
         weight_versions=weight_versions,
         max_trajectories_in_flight=plan.max_trajectories_in_flight,
+        trace=trace,
     )
+
+
+def trace_path(output: Path) -> Path:
+    """Where the token trace of an output goes: ``rollout.jsonl`` -> ``rollout.trace.jsonl``."""
+    return output.with_name(output.stem + ".trace.jsonl")
 
 
 def gateway_file(output: Path) -> Path:

@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from heddle.rollout import load_cluster, load_workload
+from heddle.rollout import WORKLOAD_PRESETS, load_bench_workload, load_cluster, load_workload
 from heddle.scheduler import (
     AnnealingShapePlanner,
+    FinishedTrajectory,
     PoolShape,
     ProgressPredictor,
     ShapeConfig,
@@ -139,6 +140,7 @@ def bench_predictor(
     workloads: tuple[str, ...] = ("coding", "search", "math"),
     seed: int = 1,
     steps: tuple[int, ...] = (1, 2, 4),
+    history: str | None = None,
 ) -> dict[str, Any]:
     """Pearson and tail-20% recall after step k, per workload and predictor.
 
@@ -146,18 +148,38 @@ def bench_predictor(
     (another seed: other prompts), as in RL training, where rollout i+1
     follows rollout i. ``ceiling`` ranks by each group's exact geometric mean
     length: what perfect knowledge of the prompt alone could give.
+
+    A workload that is a ``.jsonl`` trace (a token trace of ``heddle run --trace``, an
+    output file, or trajectory rows) is scored on its own trajectories; its ``seeded``
+    predictors learn from ``history``, another trace (an earlier rollout of the same
+    tasks), and without one only ``cold`` ones run.
     """
     report: dict[str, Any] = {"seed": seed, "steps": list(steps), "workloads": {}}
     for name in workloads:
-        spec = load_workload(name)
-        scripts = generate(spec, seed)
-        previous = history_of(generate(spec, seed + 1000))
+        previous: list[FinishedTrajectory] | None
+        if name.endswith(".jsonl") and name not in WORKLOAD_PRESETS:
+            scripts = list(load_bench_workload(name, seed).scripts)
+            previous = history_of(load_bench_workload(history, seed).scripts) if history else None
+        else:
+            spec = load_workload(name)
+            scripts = generate(spec, seed)
+            previous = history_of(generate(spec, seed + 1000))
         truth = np.array([s.total_tokens for s in scripts], dtype=np.float64)
-        entry: dict[str, Any] = {}
+        turns = np.array([s.turns for s in scripts])
+        entry: dict[str, Any] = {
+            "trajectories": len(scripts),
+            "groups": len({s.group_id for s in scripts}),
+            # After step k only trajectories with more than k steps are predicted at all.
+            "share_with_more_steps_than": {
+                str(k): float(np.mean(turns > k)) if len(turns) else 0.0 for k in steps
+            },
+        }
         for predictor_cls in (SiblingPredictor, ProgressPredictor):
             for seeded in (False, True):
+                if seeded and previous is None:
+                    continue
                 predictor = predictor_cls()
-                if seeded:
+                if seeded and previous is not None:
                     predictor.seed(previous)
                 quality = evaluate_predictor(scripts, predictor, steps)
                 entry[f"{predictor_cls.name}/{'seeded' if seeded else 'cold'}"] = [
