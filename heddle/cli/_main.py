@@ -246,7 +246,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
               f"({result['concurrency']} agents)")  # fmt: skip
     elif args.target == "predictor":
         workloads = tuple(args.workloads.split(","))
-        result = mb.bench_predictor(workloads=workloads, seed=args.seed, history=args.history)
+        result = mb.bench_predictor(
+            workloads=workloads,
+            seed=args.seed,
+            history=args.history,
+            chunk_tokens=args.chunk_tokens,
+        )
         _print_predictor(result)
     else:  # pragma: no cover - argparse restricts the choices
         raise AssertionError(args.target)
@@ -501,6 +506,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="TRACE.jsonl",
         help="for 'predictor' on a trace: an earlier rollout of the same tasks that seeded "
         "predictors learn from (without it only cold predictors run on a trace)",
+    )
+    p_bench.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="for 'predictor': re-predict every N generated tokens (each step cut into steps "
+        "of N tokens); single-turn outputs have no other point to predict at",
     )
     p_bench.add_argument("--cluster", default="64xh100", help="preset name or YAML file")
     p_bench.add_argument(

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from heddle.api import SamplingSpec
-from heddle.bench import bench_predictor
+from heddle.bench import bench_predictor, chunked
 from heddle.exceptions import WorkloadError
 from heddle.rollout import (
     LocalPool,
@@ -33,6 +33,7 @@ from heddle.scheduler import (
     TRACE_FORMAT,
     TRACE_VERSION,
     PerfModel,
+    TrajectoryScript,
     get_policy,
 )
 from heddle.scheduler.sim import Simulator
@@ -141,3 +142,16 @@ def test_a_trace_step_without_its_tool_gap_is_named(tmp_path: Path) -> None:
     path.write_text(json.dumps(line) + "\n")
     with pytest.raises(WorkloadError, match="every step but the last needs 'tool_s'"):
         load_bench_workload(str(path), seed=0)
+
+
+def test_chunking_cuts_steps_and_keeps_the_tool_gaps_between_them() -> None:
+    script = TrajectoryScript(
+        id="a", group_id="g", sample=0, prompt_tokens=5, turn_tokens=(70, 30),
+        tool_names=("calc",), tool_latency_s=(0.5,), tool_output_tokens=(9,),
+    )  # fmt: skip
+    cut = chunked(script, 32)
+    assert cut.turn_tokens == (32, 32, 6, 30)
+    assert cut.tool_names == ("none", "none", "calc")
+    assert cut.tool_latency_s == (0.0, 0.0, 0.5)
+    assert cut.tool_output_tokens == (0, 0, 9)
+    assert cut.total_tokens == script.total_tokens
