@@ -168,6 +168,7 @@ def plot(rewards: list[float], path: Path) -> bool:
         return False
     fig, ax = plt.subplots(figsize=(5, 3))
     ax.plot(range(len(rewards)), rewards, marker="o")
+    ax.set_xticks(range(len(rewards)))
     ax.set_xlabel("iteration (weight version)")
     ax.set_ylabel("mean reward (exact answer)")
     ax.set_ylim(0, 1)
