@@ -474,6 +474,8 @@ class RolloutJobSpec:
     deadline_s: float | None
     weights: WeightsSpec | None = None
     session: SessionPodSpec = field(default_factory=SessionPodSpec)
+    # Also write the token trace beside the output (trace_path(); docs/workloads.md).
+    output_trace: bool = False
 
     @classmethod
     def from_manifest(cls, doc: Mapping[str, Any]) -> RolloutJobSpec:
@@ -491,6 +493,7 @@ class RolloutJobSpec:
         g.done()
         o = f.sub("output")
         output_path = o.string("path", required=True)
+        output_trace = o.boolean("trace", False)
         o.done()
         deadline = (
             f.number("deadlineSeconds", exclusive_minimum=True)
@@ -514,6 +517,7 @@ class RolloutJobSpec:
             deadline_s=deadline,
             weights=_weights(f.sub("weights")) if f.has("weights") else None,
             session=_session_pod(f.sub("session")),
+            output_trace=output_trace,
         )
         f.done()
         return spec

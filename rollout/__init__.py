@@ -127,6 +127,7 @@ from ._run import (
     resolve_job,
     run_local,
     session_config_for,
+    trace_path,
 )
 from ._sandbox import SandboxLimits, SandboxResult, run_python
 from ._session import (
@@ -264,6 +265,7 @@ __all__ = [
     "step_seed",
     "stored_reply",
     "synthetic_tasks",
+    "trace_path",
     "transport_cause",
     "worker_options",
     "write_export",

@@ -84,6 +84,7 @@ class OutputSink:
         self, path: Path, *, fsync_interval_s: float = 1.0, follow_symlinks: bool = True
     ) -> None:
         self.path = path
+        self.follow_symlinks = follow_symlinks
         # The operator passes False: its path was resolved inside the data root, so a
         # symlink there now was put in since, to redirect the writes elsewhere.
         self._nofollow = 0 if follow_symlinks else os.O_NOFOLLOW

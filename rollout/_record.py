@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from heddle.scheduler import Trajectory, TrajectoryState
+from heddle.scheduler import TRACE_FORMAT, TRACE_VERSION, Trajectory, TrajectoryState
 from heddle.worker import StepReply
 
 from ._environments import Episode
@@ -66,6 +66,8 @@ class TrajectoryRun:
     reward_info: Mapping[str, Any] | None = None
     reward_error: str | None = None
     scoring: bool = False  # finished, its reward call under way
+    # With a token trace (spec.output.trace): one entry per step, as trace_line() writes it.
+    steps: list[dict[str, Any]] | None = None
 
     def apply(self, worker: str, reply: StepReply, want_logprobs: bool) -> None:
         """Fold a finished step into the history."""
@@ -89,6 +91,23 @@ class TrajectoryRun:
             got = [_NAN if x is None else x for x in raw] if None in raw else raw
             self.logprobs.extend(cast("list[float]", got))
             self.logprobs.frombytes(bytes(8 * max(0, generated - len(got))))
+        if self.steps is not None:
+            now = time.time()
+            self.steps.append(
+                {
+                    "turn": len(self.steps),
+                    "input_token_ids": list(reply.appended_token_ids),
+                    "output_token_ids": list(reply.token_ids),
+                    "finish_reason": reply.finish_reason,
+                    "worker": worker,
+                    "started_at": round(now - reply.total_s, 4),
+                    "queue_s": round(reply.queue_s, 4),
+                    "engine_s": round(reply.engine_s, 4),
+                    "total_s": round(reply.total_s, 4),
+                    "context_tokens": reply.prompt_tokens,
+                    "cached_tokens": reply.cached_tokens,
+                }
+            )
         self.messages.extend(self.pending)
         self.messages.append({"role": "assistant", "content": reply.text})
         self.pending = []
@@ -103,6 +122,32 @@ class TrajectoryRun:
         traj.context_tokens = len(self.tokens)
         if traj.prompt_tokens == 0:
             traj.prompt_tokens = self.prompt_len
+
+    def note_tool_gap(self, seconds: float, tools: tuple[str, ...]) -> None:
+        """The tool call(s) after the last step: how long, and which (token traces only)."""
+        if self.steps:
+            self.steps[-1]["tool_s"] = round(seconds, 4)
+            self.steps[-1]["tools"] = list(tools)
+
+    def trace_line(self, record: OutputRecord) -> dict[str, Any]:
+        """The token-trace line of this trajectory (docs/workloads.md, "Token traces")."""
+        return {
+            "task_id": record["task_id"],  # first: the trace file is resumed like the output
+            "sample": record["sample"],
+            "format": TRACE_FORMAT,
+            "version": TRACE_VERSION,
+            "group": record["task_id"],  # GRPO siblings share it; sample tells them apart
+            "trajectory_id": record["trajectory_id"],
+            "task_index": record["task_index"],
+            "status": record["status"],
+            "finish_reason": record["finish_reason"],
+            "weight_version": record["weight_version"],
+            "policy": record["policy"],
+            "reward": record["reward"],
+            "started_at": record["timings"]["started_at"],
+            "finished_at": record["timings"]["finished_at"],
+            "steps": list(self.steps or ()),
+        }
 
     def restart(self) -> None:
         """Back to before the first step, for an episode handed out afresh."""
@@ -123,6 +168,8 @@ class TrajectoryRun:
         trajectories would otherwise hold their whole histories until the job ends."""
         self.tokens, self.mask, self.logprobs = array("i"), array("b"), array("d")
         self.messages, self.pending, self.steps_on = [], [], []
+        if self.steps is not None:
+            self.steps = []
 
     def record(
         self, *, policy: str, want_logprobs: bool, weight_version: str | None = None

@@ -71,6 +71,7 @@ __all__ = [
     "resolve_job",
     "run_local",
     "session_config_for",
+    "trace_path",
 ]
 
 log = logging.getLogger("heddle.run")
@@ -486,9 +487,18 @@ def build_session(
     weight_versions: dict[str, str] | None = None,
 ) -> RolloutSession:
     """The one way from (job, pool, tasks, workers) to a session: ``heddle run``, the
-    session pod (``heddle session``) and the benchmarks all build it here."""
+    session pod (``heddle session``) and the benchmarks all build it here.
+
+    With ``spec.output.trace`` the token trace goes to :func:`trace_path` of the output,
+    written by a sink like the output's (locked, resumed, never a torn line).
+    """
     for error in local.tasks.errors:
         log.warning("skipping a malformed task: %s", error)
+    trace = (
+        OutputSink(trace_path(local.output), follow_symlinks=sink.follow_symlinks)
+        if local.job.output_trace
+        else None
+    )
     return RolloutSession(
         job=local.job.name,
         tasks=local.tasks.tasks,
@@ -508,6 +518,7 @@ def build_session(
         weights=local.job.weights,
         weight_versions=weight_versions,
         max_trajectories_in_flight=plan.max_trajectories_in_flight,
+        trace=trace,
     )
 
 
@@ -517,6 +528,11 @@ def session_config_for(job: RolloutJobSpec, base: SessionConfig | None = None) -
     always passes the operator's settings, so a job value applied only when no ``base`` is
     given would be silently ignored on a cluster."""
     return replace(base or SessionConfig(), replan_interval_s=job.replan_interval_s)
+
+
+def trace_path(output: Path) -> Path:
+    """Where the token trace of an output goes: ``rollout.jsonl`` -> ``rollout.trace.jsonl``."""
+    return output.with_name(output.stem + ".trace.jsonl")
 
 
 def gateway_file(output: Path) -> Path:

@@ -120,6 +120,7 @@ class RolloutSession:
         weights: WeightsSpec | None = None,
         weight_versions: dict[str, str] | None = None,
         max_trajectories_in_flight: int | None = None,
+        trace: OutputSink | None = None,
     ) -> None:
         if not workers:
             raise HeddleError("a rollout session needs at least one worker")
@@ -128,6 +129,7 @@ class RolloutSession:
         self.samples_per_task = samples_per_task
         self.environment = environment
         self.sink = sink
+        self.trace = trace  # the token trace (spec.output.trace), resumed like the output
         self.perf = perf
         self.sampling = sampling
         self.max_turns = max_turns
@@ -261,6 +263,12 @@ class RolloutSession:
     # -- the run ----------------------------------------------------------------------
     async def run(self) -> SessionResult:
         done_keys = self.sink.open()
+        if self.trace is not None:
+            try:
+                self.trace.open()
+            except BaseException:
+                self.sink.close()
+                raise
         self._started = self._worker_seen = time.monotonic()
         for index, task in enumerate(self.tasks):
             for sample in range(self.samples_per_task):
@@ -276,6 +284,7 @@ class RolloutSession:
                     sample,
                     self.environment.episode(task, index, sample, tid),
                     pending=list(task.messages),
+                    steps=[] if self.trace is not None else None,
                 )
         for run in self.runs.values():
             run.traj.prompt_tokens = _prompt_estimate(run.pending)
@@ -322,7 +331,11 @@ class RolloutSession:
                 if deadline_hit:
                     self._truncate_unfinished()
             finally:
-                self.sink.close()  # the output's lock goes even if a last write fails
+                try:
+                    self.sink.close()  # the output's lock goes even if a last write fails
+                finally:
+                    if self.trace is not None:
+                        self.trace.close()
         progress = self.progress()
         self._publish(progress)
         return SessionResult(
@@ -501,6 +514,7 @@ class RolloutSession:
                 return False
             run.pending.extend(outcome.messages)
             run.tool_latency_s.append(tool_s)
+            run.note_tool_gap(tool_s, outcome.tool_calls)
             if outcome_done:
                 await self._finish(run, TrajectoryStatus.TRUNCATED, reason)
                 return False
@@ -743,6 +757,8 @@ class RolloutSession:
         record = self._record(run)
         if self.sink.write(record):
             self._finished["failed" if run.status == "failed" else "done"] += 1
+            if self.trace is not None:  # after the output: a trace line never lacks its record
+                self.trace.write(run.trace_line(record))
         run.episode.finished(run.status, run.finish_reason)
         run.forget_history()
 

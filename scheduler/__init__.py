@@ -80,7 +80,14 @@ from ._profiled import (
 from ._reshape import EngineSnapshot, Merge, TailMergeConfig, TailMergePlanner
 from ._shape import AnnealingShapePlanner, FixedShape, ShapeConfig, ShapePlan, ShapePlanner
 from ._stats import pearson, tail_recall
-from ._trace import BenchWorkload, scripts_from_trace, synthetic_bench, trace_bench
+from ._trace import (
+    TRACE_FORMAT,
+    TRACE_VERSION,
+    BenchWorkload,
+    scripts_from_trace,
+    synthetic_bench,
+    trace_bench,
+)
 from ._types import (
     FinishedTrajectory,
     PoolShape,
@@ -100,6 +107,8 @@ __all__ = [
     "PROFILE_FORMAT",
     "SAMPLING_LIMITS",
     "SIMULATION_ONLY",
+    "TRACE_FORMAT",
+    "TRACE_VERSION",
     "AnnealingShapePlanner",
     "BenchWorkload",
     "ClusterSpec",

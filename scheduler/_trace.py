@@ -5,6 +5,9 @@ prompt tokens, output tokens per turn, and the latency and reply tokens of
 each tool call between turns. A Heddle output file is a trace too: every
 record carries the same facts under ``trace``, so a user can ask "would
 Heddle help on my rollouts?" by replaying what their framework produced.
+A Heddle *token trace* (``heddle run --trace``; :data:`TRACE_FORMAT` version
+:data:`TRACE_VERSION`) holds each step's token ids and timings as well; the
+generated ids stay on the script for replaying drafts against them.
 
 Errors name the line and the field; they never quote the line (a trace may
 be any file a user points at).
@@ -24,7 +27,19 @@ from ._evaluation import history_of
 from ._types import FinishedTrajectory
 from ._workload import TrajectoryScript, WorkloadSpec, generate
 
-__all__ = ["BenchWorkload", "scripts_from_trace", "synthetic_bench", "trace_bench"]
+__all__ = [
+    "TRACE_FORMAT",
+    "TRACE_VERSION",
+    "BenchWorkload",
+    "scripts_from_trace",
+    "synthetic_bench",
+    "trace_bench",
+]
+
+# A token trace line says what it is: {"task_id", "sample", "format": TRACE_FORMAT,
+# "version": TRACE_VERSION, ..., "steps": [...]} (docs/workloads.md, "Token traces").
+TRACE_FORMAT = "heddle-trace"
+TRACE_VERSION = 1
 
 # History for the predictor comes from another draw of the same distribution,
 # as the previous RL iteration's rollout would (other prompts, same task mix).
@@ -79,9 +94,56 @@ def _floats(value: Any, where: str, field: str) -> list[float]:
     return [float(x) for x in value]
 
 
+def _token_script(row: Mapping[str, Any], where: str, index: int) -> TrajectoryScript:
+    """A token-trace line: step lengths from the ids, tool gaps from each step's ``tool_s``."""
+    version = row.get("version")
+    if version != TRACE_VERSION:
+        raise WorkloadError(
+            f"{where}: {TRACE_FORMAT} version {version!r} is not one this Heddle reads "
+            f"({TRACE_VERSION}); re-record it with this version's heddle run --trace"
+        )
+    group, sample = row.get("group"), row.get("sample", 0)
+    if not isinstance(group, str) or not group:
+        raise WorkloadError(f"{where}: the trajectory's 'group' is missing")
+    if not isinstance(sample, int) or isinstance(sample, bool) or sample < 0:
+        raise WorkloadError(f"{where}: 'sample' must be an integer >= 0")
+    steps = row.get("steps")
+    if not isinstance(steps, list) or not steps or not all(isinstance(s, Mapping) for s in steps):
+        raise WorkloadError(f"{where}: 'steps' must be a non-empty list of step objects")
+    inputs = [_ints(s.get("input_token_ids"), where, "input_token_ids", minimum=0) for s in steps]
+    outputs = [
+        _ints(s.get("output_token_ids"), where, "output_token_ids", minimum=0) for s in steps
+    ]
+    if not inputs[0]:
+        raise WorkloadError(f"{where}: the first step's 'input_token_ids' (the prompt) is empty")
+    gaps = [s.get("tool_s") for s in steps[:-1]]
+    if not all(
+        isinstance(g, int | float) and not isinstance(g, bool) and math.isfinite(g) and g >= 0
+        for g in gaps
+    ):
+        raise WorkloadError(f"{where}: every step but the last needs 'tool_s' (seconds >= 0)")
+    names = [s.get("tools") or ["tool"] for s in steps[:-1]]
+    if not all(isinstance(n, list) and all(isinstance(x, str) for x in n) for n in names):
+        raise WorkloadError(f"{where}: a step's 'tools' must be a list of tool names")
+    return TrajectoryScript(
+        id=f"{group}-s{sample:02d}-{index}",
+        group_id=group,
+        sample=sample,
+        prompt_tokens=len(inputs[0]),
+        # A step that generated nothing (an empty turn) still costs one step: at least 1.
+        turn_tokens=tuple(max(1, len(o)) for o in outputs),
+        tool_names=tuple(",".join(n) for n in names),
+        tool_latency_s=tuple(float(g) for g in gaps),
+        tool_output_tokens=tuple(len(i) for i in inputs[1:]),
+        step_token_ids=tuple(tuple(o) for o in outputs),
+    )
+
+
 def _script(row: Any, where: str, index: int) -> TrajectoryScript:
     if not isinstance(row, Mapping):
         raise WorkloadError(f"{where}: expected a JSON object per line")
+    if row.get("format") == TRACE_FORMAT:
+        return _token_script(row, where, index)
     if "trace" in row:  # a Heddle output record
         facts = row["trace"]
         if not isinstance(facts, Mapping):
@@ -135,7 +197,8 @@ def scripts_from_trace(rows: Iterable[tuple[str, Any]]) -> list[TrajectoryScript
     """Scripts from ``(where, parsed JSON)`` pairs; unfinished Heddle records are skipped."""
     scripts: list[TrajectoryScript] = []
     for where, row in rows:
-        if isinstance(row, Mapping) and "trace" in row and row.get("status") not in (None, "done"):
+        heddle = isinstance(row, Mapping) and ("trace" in row or row.get("format") == TRACE_FORMAT)
+        if heddle and row.get("status") not in (None, "done"):
             continue  # failed or truncated: its length is not the trajectory's own
         scripts.append(_script(row, where, len(scripts)))
     if not scripts:

@@ -252,6 +252,9 @@ class TrajectoryScript:
     tool_names: tuple[str, ...]
     tool_latency_s: tuple[float, ...]
     tool_output_tokens: tuple[int, ...]
+    # From a token-level trace (docs/workloads.md, "Token traces"): each step's generated
+    # token ids, kept for replaying drafts against them; empty for drawn scripts.
+    step_token_ids: tuple[tuple[int, ...], ...] = ()
 
     @property
     def total_tokens(self) -> int:

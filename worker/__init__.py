@@ -45,6 +45,7 @@ from ._schemas import (
 from ._server import serve
 from ._sim_engine import SimulatedEngine
 from ._smollm2 import SMOLLM2, ModelManifest, default_model_cache, ensure_smollm2
+from ._smollm2_tools import SMOLLM2_TOOL_PARSER, SMOLLM2_TOOLS_TEMPLATE, install_tool_template
 from ._vllm_engine import VLLMConfig, VLLMEngine
 from ._vllm_env import THREADS_BIND, vllm_cpu_env
 from ._weights import LoadedWeights
@@ -56,6 +57,8 @@ __all__ = [
     "NAMED_MODELS",
     "OPEN_PATHS",
     "SMOLLM2",
+    "SMOLLM2_TOOLS_TEMPLATE",
+    "SMOLLM2_TOOL_PARSER",
     "THREADS_BIND",
     "TINY",
     "TINY_DIR",
@@ -100,6 +103,7 @@ __all__ = [
     "create_app",
     "default_model_cache",
     "ensure_smollm2",
+    "install_tool_template",
     "named_model_dir",
     "parse_worker_argv",
     "probe_vllm_import",

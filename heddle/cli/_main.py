@@ -84,12 +84,16 @@ def _print_predictor(r: dict[str, Any]) -> None:
     print("  (all trajectories; finished ones are known exactly. 'alive' in the JSON)")
     for workload, entry in r["workloads"].items():
         ceiling = entry["ceiling_group_mean"]
+        more = ", ".join(
+            f"{share:.0%} more than {k}" for k, share in entry["share_with_more_steps_than"].items()
+        )
         print(
-            f"{workload}: ceiling of an exact per-prompt mean: "
+            f"{workload}: {entry['trajectories']} trajectories in {entry['groups']} groups "
+            f"(steps: {more}); ceiling of an exact per-prompt mean: "
             f"{ceiling['pearson']:.3f} / {ceiling['tail_recall']:.3f}"
         )
         for label, rows in entry.items():
-            if label == "ceiling_group_mean":
+            if not isinstance(rows, list):
                 continue
             cells = "  ".join(
                 f"step {q['step']}: {q['pearson_all']:.3f} / {q['tail_recall_all']:.3f}"
@@ -244,7 +248,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
               f"({result['concurrency']} agents)")  # fmt: skip
     elif args.target == "predictor":
         workloads = tuple(args.workloads.split(","))
-        result = mb.bench_predictor(workloads=workloads, seed=args.seed)
+        result = mb.bench_predictor(
+            workloads=workloads,
+            seed=args.seed,
+            history=args.history,
+            chunk_tokens=args.chunk_tokens,
+        )
         _print_predictor(result)
     else:  # pragma: no cover - argparse restricts the choices
         raise AssertionError(args.target)
@@ -489,7 +498,24 @@ def build_parser() -> argparse.ArgumentParser:
         "engines-tail: a throughput-bound long tail for 'engines')",
     )
     p_bench.add_argument(
-        "--workloads", default="coding,search,math", help="comma-separated, for 'predictor'"
+        "--workloads",
+        default="coding,search,math",
+        help="comma-separated presets, YAML files or .jsonl traces, for 'predictor'",
+    )
+    p_bench.add_argument(
+        "--history",
+        default=None,
+        metavar="TRACE.jsonl",
+        help="for 'predictor' on a trace: an earlier rollout of the same tasks that seeded "
+        "predictors learn from (without it only cold predictors run on a trace)",
+    )
+    p_bench.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="for 'predictor': re-predict every N generated tokens (each step cut into steps "
+        "of N tokens); single-turn outputs have no other point to predict at",
     )
     p_bench.add_argument("--cluster", default="64xh100", help="preset name or YAML file")
     p_bench.add_argument(

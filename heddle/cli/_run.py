@@ -36,6 +36,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         local.job = dataclasses.replace(local.job, policy=args.policy)
     if args.output:
         local.output = Path(args.output)
+    if args.trace:
+        local.job = dataclasses.replace(local.job, output_trace=True)
     from heddle.rollout import worker_options  # noqa: PLC0415
 
     options = worker_options(
@@ -72,6 +74,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if printer is not None:
             printer.close()
     _print_summary(summary)
+    if local.job.output_trace:
+        from heddle.rollout import trace_path  # noqa: PLC0415
+
+        print(f"trace: {trace_path(local.output)} (replay: heddle bench --workload THAT_FILE)")
     if summary["policy"] == "heddle":
         pool = f" --pool {args.pool}" if args.pool else ""
         other = local.output.with_name(local.output.stem + "-verl.jsonl")
@@ -165,6 +171,12 @@ def add_run_parser(sub: Any) -> None:
     p.add_argument("--scripted-replies", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--policy", default=None, help="override spec.scheduling.policy (A/B runs)")
     p.add_argument("--output", default=None, help="override spec.output.path")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="also write the token trace (each step's token ids, timings, finish reason) "
+        "beside the output, as spec.output.trace does: OUTPUT.trace.jsonl",
+    )
     p.add_argument("--plot", action="store_true", help="also write a PNG next to the output")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.add_argument(

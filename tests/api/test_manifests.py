@@ -89,6 +89,14 @@ def test_job_defaults() -> None:
     assert (job.policy, job.samples_per_task, job.max_turns) == ("heddle", 1, 8)
     assert job.environment.tools is not None and job.environment.tools.parser == "hermes"
     assert job.deadline_s is None
+    assert job.output_trace is False
+
+
+def test_output_trace_is_a_boolean() -> None:
+    job = RolloutJobSpec.from_manifest(_with(JOB, "spec.output.trace", True))
+    assert job.output_trace is True
+    with pytest.raises(ManifestError, match=r"spec.output.trace"):
+        RolloutJobSpec.from_manifest(_with(JOB, "spec.output.trace", "yes"))
 
 
 @pytest.mark.parametrize(
