@@ -432,6 +432,9 @@ async def run_local(
     # Locked and checked before any worker starts: a second run on this output stops here.
     sink = OutputSink(local.output)
     sink.open()
+    if local.job.weights is not None:  # the checkpoint's folder: the trainer saves steps there
+        folder = str(Path(local.job.weights.path).parent)
+        options = replace(options, weights_roots=(*options.weights_roots, folder))
     pool = LocalPool(shape.tps(), options)
     served: Gateway | None = None
     session_ended = False

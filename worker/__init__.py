@@ -24,6 +24,13 @@ from ._environment import (
     vllm_environment_checks,
 )
 from ._http import HttpError, HttpPool, HttpTimeoutError
+from ._resident import (
+    DEFAULT_MAX_RESIDENT,
+    DEFAULT_RESIDENT_TTL_S,
+    ResidentContexts,
+    job_of,
+    trajectory_id,
+)
 from ._schemas import (
     FIELD_RANGES,
     ChatMessage,
@@ -45,9 +52,11 @@ from ._server import serve
 from ._sim_engine import SimulatedEngine
 from ._vllm_engine import VLLMConfig, VLLMEngine
 from ._vllm_env import THREADS_BIND, vllm_cpu_env
-from ._weights import LoadedWeights
+from ._weights import LoadedWeights, weights_path
 
 __all__ = [
+    "DEFAULT_MAX_RESIDENT",
+    "DEFAULT_RESIDENT_TTL_S",
     "DEFAULT_WORKER_ARGS",
     "FIELD_RANGES",
     "MAX_BODY_BYTES",
@@ -72,6 +81,7 @@ __all__ = [
     "ImportResponse",
     "LoadedWeights",
     "ParsedTurn",
+    "ResidentContexts",
     "Sampling",
     "SamplingParams",
     "SimulatedEngine",
@@ -91,11 +101,14 @@ __all__ = [
     "add_worker_arguments",
     "check_vllm_environment",
     "create_app",
+    "job_of",
     "parse_worker_argv",
     "probe_vllm_import",
     "read_token",
     "serve",
     "tool_schema_error",
+    "trajectory_id",
     "vllm_cpu_env",
     "vllm_environment_checks",
+    "weights_path",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -58,9 +59,11 @@ def serve(
     grace_s: float = 30.0,
     max_body_bytes: int = MAX_BODY_BYTES,
     token: str | None = None,
+    **state: Any,
 ) -> None:
-    """Serve ``engine`` until a signal; blocks. ``token``: see :func:`create_app`."""
-    app = create_app(engine, grace_s=grace_s, max_body_bytes=max_body_bytes, token=token)
+    """Serve ``engine`` until a signal; blocks. ``token`` and ``state`` (max_resident,
+    resident_ttl_s, weights_roots): see :func:`create_app`."""
+    app = create_app(engine, grace_s=grace_s, max_body_bytes=max_body_bytes, token=token, **state)
     config = uvicorn.Config(
         app, host=host, port=port, log_level="info", timeout_graceful_shutdown=int(grace_s) + 5
     )

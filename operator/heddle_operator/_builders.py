@@ -81,6 +81,14 @@ def _owner(pool_body: Mapping[str, Any]) -> dict[str, Any]:
     return dict(kopf.build_owner_reference(kopf.Body(cast(kopf.RawBody, dict(pool_body)))))
 
 
+def _weights_roots(pool: EnginePoolSpec) -> tuple[str, ...]:
+    """Where the worker may load checkpoints in place: the volumes the pool mounts in it."""
+    template = (pool.pod.get("podTemplate") or {}).get("spec") or {}
+    worker = next((c for c in template.get("containers") or [] if c.get("name") == "worker"), {})
+    mounts = [*(pool.pod.get("volumeMounts") or []), *(worker.get("volumeMounts") or [])]
+    return tuple(sorted({str(m["mountPath"]) for m in mounts if m.get("mountPath")}))
+
+
 def worker_pod(
     pool: EnginePoolSpec,
     pool_body: Mapping[str, Any],
@@ -110,6 +118,7 @@ def worker_pod(
             port=WORKER_PORT,
             max_model_len=pool.vllm.max_model_len,
             gpu_memory_utilization=pool.vllm.gpu_memory_utilization,
+            weights_roots=_weights_roots(pool),
         ).argv(),
     ]
     probe = {"httpGet": {"path": "/readyz", "port": WORKER_PORT}, "periodSeconds": 5}

@@ -120,8 +120,13 @@ def test_the_session_role_grants_what_a_session_does_and_no_secrets() -> None:
                               "app.kubernetes.io/managed-by": "heddle", LABEL_JOB: "j"}  # fmt: skip
     assert meta["ownerReferences"][0]["uid"] == JOB["metadata"]["uid"]  # goes with the job
     rules = objects["roles"]["rules"]
-    granted = {(g, r, v, tuple(rule.get("resourceNames", ()))) for rule in rules
-               for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}  # fmt: skip
+    granted = {
+        (g, r, v, tuple(rule.get("resourceNames", ())))
+        for rule in rules
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
     pool = job.engine_pool
     # Every rule but Events names its objects: one job's session cannot patch another's status.
     assert granted == {
