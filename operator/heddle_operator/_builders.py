@@ -84,7 +84,9 @@ def _owner(pool_body: Mapping[str, Any]) -> dict[str, Any]:
 def _weights_roots(pool: EnginePoolSpec) -> tuple[str, ...]:
     """Where the worker may load checkpoints in place: the volumes the pool mounts in it."""
     template = (pool.pod.get("podTemplate") or {}).get("spec") or {}
-    worker = next((c for c in template.get("containers") or [] if c.get("name") == "worker"), {})
+    worker: Mapping[str, Any] = next(
+        (c for c in template.get("containers") or [] if c.get("name") == "worker"), {}
+    )
     mounts = [*(pool.pod.get("volumeMounts") or []), *(worker.get("volumeMounts") or [])]
     return tuple(sorted({str(m["mountPath"]) for m in mounts if m.get("mountPath")}))
 

@@ -78,7 +78,7 @@ async def test_session_fields_beyond_a_tenants_own_fail_the_job_with_the_setting
                     "run only as the namespace's default ServiceAccount"),
         "image": ({"image": "docker.io/attacker/shell:1"},
                   "spec.session.image='docker.io/attacker/shell:1' is not among the images this "
-                  "operator runs (ghcr.io/heddle-dev/)"),
+                  "operator runs (ghcr.io/heddle-dev/"),
     }  # fmt: skip
     async with cluster(tmp_path) as c:
         await c.apply(pool("p", 1, [{"tp": 1, "replicas": 1}]))

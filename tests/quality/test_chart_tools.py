@@ -365,7 +365,7 @@ def test_worker_network_policy_admits_only_the_operator_and_the_named_scrapers()
     # watchNamespaces and workerNetworkPolicy.namespaces, each once
     assert sorted(p["metadata"]["namespace"] for p in policies) == ["rl", "rl-staging", "tenant-b"]
     operator_pod = _one(_rendered("workerNetworkPolicy"), "Deployment")["spec"]["template"]
-    (worker, _) = worker_objects()
+    worker = worker_objects()[0]
     for policy in policies:
         spec = policy["spec"]
         selected = spec["podSelector"]["matchLabels"]
