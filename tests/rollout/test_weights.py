@@ -61,9 +61,13 @@ def test_the_crd_takes_weights_with_a_string_or_integer_version() -> None:
         validate("rolloutjobs", _with(JOB, "spec.weights", {"version": 3}))
 
 
-def test_heddle_run_resolves_a_relative_checkpoint_against_the_job_file(tmp_path: Path) -> None:
+def test_heddle_run_resolves_a_relative_checkpoint_against_the_job_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import yaml
 
+    # The job's tool is at host "s": heddle run allows loopback only unless told more.
+    monkeypatch.setenv("HEDDLE_TOOL_ALLOWED_HOSTS", "s")
     pool = {**JOB, "kind": "EnginePool", "metadata": {"name": "p"}}
     pool["spec"] = {"model": "sim", "gpus": 1, "tensorParallelSizes": [1]}
     job = _with(JOB, "spec.weights", {"path": "ckpt/step-1", "version": 1})
