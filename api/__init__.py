@@ -12,6 +12,7 @@ from ._fields import (
 from ._manifests import (
     MAX_SAMPLES_PER_TASK,
     MAX_TRAJECTORIES,
+    SECRET_ARG_PATTERN,
     EnginePoolSpec,
     EnvironmentSpec,
     ExternalSpec,
@@ -43,6 +44,18 @@ from ._names import (
     InstancePhase,
     JobPhase,
 )
+from ._pod_policy import (
+    ALLOWED_IMAGES_ENV,
+    ALLOWED_SERVICE_ACCOUNTS_ENV,
+    DEFAULT_ALLOWED_IMAGES,
+    POD_ALLOW_ENV,
+    POD_EXEMPTIONS,
+    PodPolicy,
+    check_pod_spec,
+    check_pool_policy,
+    check_session_policy,
+    check_volumes,
+)
 from ._pod_template import (
     WORKER_CONTAINER,
     apply_pod_template,
@@ -51,6 +64,7 @@ from ._pod_template import (
     guaranteed_resources,
 )
 from ._reward_spec import (
+    MAX_RETRIES,
     ON_REWARD_ERROR,
     REWARD_TYPES,
     RewardSpec,
@@ -62,10 +76,13 @@ from ._yaml import (
 )
 
 __all__ = [
+    "ALLOWED_IMAGES_ENV",
+    "ALLOWED_SERVICE_ACCOUNTS_ENV",
     "ANNOTATION_DRAINING",
     "ANNOTATION_DRAINING_SINCE",
     "ANNOTATION_SPEC_HASH",
     "API_VERSION",
+    "DEFAULT_ALLOWED_IMAGES",
     "ENGINEPOOL_KIND",
     "ENGINEPOOL_PLURAL",
     "FINALIZER",
@@ -73,12 +90,16 @@ __all__ = [
     "LABEL_JOB",
     "LABEL_POOL",
     "LABEL_TP",
+    "MAX_RETRIES",
     "MAX_SAMPLES_PER_TASK",
     "MAX_TRAJECTORIES",
     "ON_REWARD_ERROR",
+    "POD_ALLOW_ENV",
+    "POD_EXEMPTIONS",
     "REWARD_TYPES",
     "ROLLOUTJOB_KIND",
     "ROLLOUTJOB_PLURAL",
+    "SECRET_ARG_PATTERN",
     "VERSION",
     "WORKER_CONTAINER",
     "EnginePoolSpec",
@@ -87,6 +108,7 @@ __all__ = [
     "Fields",
     "InstancePhase",
     "JobPhase",
+    "PodPolicy",
     "RewardSpec",
     "RolloutJobSpec",
     "SamplingSpec",
@@ -96,9 +118,13 @@ __all__ = [
     "ToolsSpec",
     "WeightsSpec",
     "apply_pod_template",
+    "check_pod_spec",
     "check_pod_template",
+    "check_pool_policy",
     "check_quantity",
+    "check_session_policy",
     "check_trajectories",
+    "check_volumes",
     "guaranteed_resources",
     "load_manifests",
     "parse_reward",

@@ -21,13 +21,15 @@ from heddle.worker import TOOL_PARSERS, tool_schema_error
 from ._fields import Fields
 from ._names import API_VERSION
 from ._pod_template import check_pod_template, check_quantity, guaranteed_resources
-from ._reward_spec import RewardSpec, parse_reward
+from ._reward_spec import MAX_RETRIES, RewardSpec, parse_reward
 from ._yaml import read_text, safe_load_all
 
 __all__ = [
     "API_VERSION",
+    "MAX_RETRIES",
     "MAX_SAMPLES_PER_TASK",
     "MAX_TRAJECTORIES",
+    "SECRET_ARG_PATTERN",
     "EnginePoolSpec",
     "EnvironmentSpec",
     "ExternalSpec",
@@ -48,6 +50,10 @@ MAX_TRAJECTORIES = 1_000_000  # tasks x samples of one job: the session holds ea
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 ON_TOOL_ERROR = ("message", "fail")
+# An engine argument that carries a credential (hf_token=...): it would sit in the pod's
+# args, readable by whoever may read pods. The CRD's CEL rule on extraArgs is this pattern.
+SECRET_ARG_PATTERN = "(?i)^-*([a-z0-9]+[-_])*(token|api[-_]?key|secret|password|access[-_]?key)="
+_SECRET_ARG = re.compile(SECRET_ARG_PATTERN)
 
 
 def _metadata(doc: Mapping[str, Any], kind: str) -> tuple[str, str]:
@@ -86,6 +92,13 @@ def _engine_args(items: list[Any], where: str) -> tuple[str, ...]:
     from heddle.worker._vllm_engine import parse_engine_arg  # noqa: PLC0415 - the worker's rule
 
     for i, item in enumerate(items):
+        if isinstance(item, str) and _SECRET_ARG.match(item):
+            raise ManifestError(
+                f"{where}[{i}] passes a credential ({item.partition('=')[0]}=...) in the worker "
+                "pod's args, which anyone who may read pods can see; put it in a Secret and give "
+                "it to the workers as an environment variable (spec.podTemplate, env with "
+                "valueFrom.secretKeyRef, e.g. HF_TOKEN)"
+            )
         try:
             parse_engine_arg(str(item), f"{where}[{i}]")
         except ConfigError as exc:
@@ -338,7 +351,7 @@ def _environment(f: Fields) -> EnvironmentSpec:
                     name=e.string("name", required=True),
                     url=url,
                     timeout_s=e.number("timeoutSeconds", 30.0, exclusive_minimum=True),
-                    retries=e.integer("retries", 2),
+                    retries=e.integer("retries", 2, minimum=0, maximum=MAX_RETRIES),
                 )
             )
             e.done()

@@ -12,10 +12,13 @@ from heddle.exceptions import ManifestError
 
 from ._fields import Fields
 
-__all__ = ["ON_REWARD_ERROR", "REWARD_TYPES", "RewardSpec", "parse_reward"]
+__all__ = ["MAX_RETRIES", "ON_REWARD_ERROR", "REWARD_TYPES", "RewardSpec", "parse_reward"]
 
 REWARD_TYPES = ("http", "scripted", "answer", "code")
 ON_REWARD_ERROR = ("record", "fail")
+# A tool's or reward's extra attempts at most (also the CRD schema's maximum): each one
+# waits up to its timeout, so an unbounded count holds a trajectory (and its slot) forever.
+MAX_RETRIES = 10
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ def parse_reward(r: Fields) -> RewardSpec:
             "http",
             url=url,
             timeout_s=r.number("timeoutSeconds", 30.0, exclusive_minimum=True),
-            retries=r.integer("retries", 2),
+            retries=r.integer("retries", 2, maximum=MAX_RETRIES),
             on_error=on_error,
         )
     r.done()

@@ -55,8 +55,12 @@ from ._gateway_messages import (
 )
 from ._hosts import (
     ALLOWED_HOSTS_ENV,
+    ANY_HOST,
+    LOCAL_DEFAULT,
     HostAllowList,
+    HostRefusedError,
     check_tool_hosts,
+    guarded_client,
 )
 from ._local import (
     TINY,
@@ -160,8 +164,10 @@ from ._weights import (
 
 __all__ = [
     "ALLOWED_HOSTS_ENV",
+    "ANY_HOST",
     "DATA_ROOT",
     "GATEWAY_TOKEN_ENV",
+    "LOCAL_DEFAULT",
     "MAX_REPLY_BYTES",
     "TINY",
     "TINY_DIR",
@@ -183,6 +189,7 @@ __all__ = [
     "GatewayOptions",
     "HermesParser",
     "HostAllowList",
+    "HostRefusedError",
     "HttpReward",
     "LocalJob",
     "LocalPool",
@@ -234,6 +241,7 @@ __all__ = [
     "extract_code",
     "first_difference",
     "gateway_file",
+    "guarded_client",
     "is_tiny_model",
     "job_workload",
     "load_bench_workload",

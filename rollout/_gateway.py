@@ -56,7 +56,10 @@ def create_gateway_app(env: ExternalEnvironment) -> Starlette:
     def authorised(request: Request) -> None:
         given = request.headers.get("authorization", "")
         scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip(), env.token):
+        # Bytes, not text: compare_digest refuses non-ASCII str (a 500), and a header is
+        # latin-1 on the wire anyway.
+        sent = token.strip().encode("utf-8", "surrogateescape")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(sent, env.token.encode()):
             raise GatewayError(
                 401,
                 f"this gateway serves job {env.job} to holders of its token: send "
@@ -70,7 +73,14 @@ def create_gateway_app(env: ExternalEnvironment) -> Starlette:
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             raise GatewayError(413, f"the request is over {MAX_BODY_BYTES} bytes")
-        raw = await request.body()
+        # A chunked body declares no length: read it up to the cap, no further.
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                raise GatewayError(413, f"the request is over {MAX_BODY_BYTES} bytes")
+            chunks.append(chunk)
+        raw = b"".join(chunks)
         if not raw:
             return {}
         try:

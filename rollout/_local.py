@@ -74,6 +74,7 @@ class LocalWorkerOptions:
     startup_timeout_s: float = 300.0
     grace_s: float = 5.0
     log_dir: Path = Path(".heddle/logs")
+    weights_roots: tuple[str, ...] = ()  # where POST /v1/weights may load (the job's folder)
 
 
 def die_with_parent() -> None:
@@ -131,6 +132,7 @@ class LocalPool:
             time_scale=o.time_scale,
             cluster=o.cluster or DEFAULT_WORKER_ARGS.cluster,
             scripted_replies=o.scripted_replies and not vllm,
+            weights_roots=o.weights_roots,
         )
         return [sys.executable, "-m", "heddle", *args.argv()]
 

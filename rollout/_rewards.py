@@ -35,6 +35,7 @@ from heddle.api import RewardSpec
 from heddle.exceptions import ToolError
 
 from ._answers import expected_answer, extract_answer, same_answer
+from ._hosts import LOCAL_DEFAULT, HostAllowList, guarded_client
 from ._sandbox import SandboxLimits, run_python
 from ._tools import MAX_REPLY_BYTES, read_capped, transport_cause
 
@@ -139,12 +140,17 @@ class _RetryError(Exception):
 
 
 class HttpReward(RewardScorer):
-    def __init__(self, spec: RewardSpec, *, max_reply_bytes: int = MAX_REPLY_BYTES) -> None:
+    def __init__(
+        self,
+        spec: RewardSpec,
+        *,
+        allowed: HostAllowList | None = None,  # None: loopback only (LOCAL_DEFAULT)
+        max_reply_bytes: int = MAX_REPLY_BYTES,
+    ) -> None:
         super().__init__(spec)
         self.max_reply_bytes = max_reply_bytes
-        self._client = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=256), follow_redirects=False
-        )
+        # Each connection is checked against the list (docs/security.md, "Egress").
+        self._client = guarded_client(allowed or HostAllowList.parse(LOCAL_DEFAULT))
 
     async def score(self, record: Mapping[str, Any]) -> RewardResult:
         started = time.monotonic()
@@ -218,13 +224,17 @@ def _parse_reply(data: Any, text: str) -> tuple[float, Mapping[str, Any] | None]
     return float(value), info
 
 
-def make_scorer(spec: RewardSpec | None) -> RewardScorer | None:
+def make_scorer(
+    spec: RewardSpec | None, allowed: HostAllowList | None = None
+) -> RewardScorer | None:
+    """The job's scorer; an http one connects only where ``allowed`` lets it."""
     if spec is None:
         return None
+    if spec.type == "http":
+        return HttpReward(spec, allowed=allowed)
     kinds: dict[str, type[RewardScorer]] = {
         "scripted": ScriptedReward,
         "answer": AnswerReward,
         "code": CodeReward,
-        "http": HttpReward,
     }
     return kinds[spec.type](spec)

@@ -18,7 +18,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -44,7 +44,7 @@ from heddle.worker import WorkerEndpoint
 from ._environments import Environment, SyntheticEnvironment, synthetic_tasks
 from ._external import ExternalEnvironment
 from ._gateway import Gateway
-from ._hosts import HostAllowList, check_tool_hosts
+from ._hosts import LOCAL_DEFAULT, HostAllowList, check_tool_hosts
 from ._local import LocalPool, LocalWorkerOptions, is_tiny_model
 from ._output import OutputSink
 from ._presets import WORKLOAD_PRESETS, load_workload
@@ -96,6 +96,7 @@ class LocalJob:
     workload: WorkloadSpec | None
     output: Path
     base_dir: Path
+    tool_hosts: HostAllowList = field(default_factory=HostAllowList)  # where tools may go
 
 
 def _pick(
@@ -149,7 +150,9 @@ def prepare_manifests(
 ) -> LocalJob:
     """:func:`prepare_job` on manifests already parsed; relative paths resolve against ``base``."""
     job = RolloutJobSpec.from_manifest(_pick(docs, "RolloutJob", job_name, str(sources[0])))
-    check_tool_hosts(job, HostAllowList.from_env())
+    # Locally the user's own rights are at stake, not an operator's: loopback by default.
+    allowed = HostAllowList.from_env(default=LOCAL_DEFAULT)
+    check_tool_hosts(job, allowed)
     pool = EnginePoolSpec.from_manifest(
         _pick(pool_docs, "EnginePool", job.engine_pool, str(sources[1]))
     )
@@ -158,7 +161,7 @@ def prepare_manifests(
             f"RolloutJob {job.name!r}: tasks.configMap needs the operator on a cluster; "
             "locally, use tasks.path (a JSONL file) or tasks.inline"
         )
-    return resolve_job(job, pool, None, base)
+    return resolve_job(job, pool, None, base, tool_hosts=allowed)
 
 
 def read_job_tasks(job: RolloutJobSpec, base: Path) -> TaskSet | None:
@@ -172,7 +175,12 @@ def read_job_tasks(job: RolloutJobSpec, base: Path) -> TaskSet | None:
 
 
 def resolve_job(
-    job: RolloutJobSpec, pool: EnginePoolSpec, tasks: TaskSet | None, base: Path
+    job: RolloutJobSpec,
+    pool: EnginePoolSpec,
+    tasks: TaskSet | None,
+    base: Path,
+    *,
+    tool_hosts: HostAllowList | None = None,
 ) -> LocalJob:
     """Everything a session needs from a job and its pool, wherever it runs.
 
@@ -200,8 +208,9 @@ def resolve_job(
         job = replace(job, weights=replace(job.weights, path=str(base / job.weights.path)))
     output = Path(job.output_path)
     return LocalJob(
-        job, pool, tasks, workload, output if output.is_absolute() else base / output, base
-    )
+        job, pool, tasks, workload, output if output.is_absolute() else base / output, base,
+        tool_hosts if tool_hosts is not None else HostAllowList(),
+    )  # fmt: skip
 
 
 def perf_model_for(pool: EnginePoolSpec, options: LocalWorkerOptions | None = None) -> PerfModel:
@@ -310,7 +319,7 @@ def _dist_mean(d: Distribution) -> float:
 
 def build_environment(local: LocalJob) -> Environment:
     environment = _environment(local)
-    environment.reward = make_scorer(local.job.environment.reward)
+    environment.reward = make_scorer(local.job.environment.reward, local.tool_hosts)
     return environment
 
 
@@ -331,7 +340,7 @@ def _environment(local: LocalJob) -> Environment:
         return ExternalEnvironment(env.external, job=local.job.name, model=local.pool.model,
                                    token=os.environ.get(GATEWAY_TOKEN_ENV) or None)  # fmt: skip
     assert env.tools is not None
-    return ToolsEnvironment(env.tools)
+    return ToolsEnvironment(env.tools, allowed=local.tool_hosts)
 
 
 class ProgressPrinter:
@@ -432,6 +441,9 @@ async def run_local(
     # Locked and checked before any worker starts: a second run on this output stops here.
     sink = OutputSink(local.output)
     sink.open()
+    if local.job.weights is not None:  # the checkpoint's folder: the trainer saves steps there
+        folder = str(Path(local.job.weights.path).parent)
+        options = replace(options, weights_roots=(*options.weights_roots, folder))
     pool = LocalPool(shape.tps(), options)
     served: Gateway | None = None
     session_ended = False

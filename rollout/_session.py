@@ -49,7 +49,7 @@ from heddle.scheduler import (
     make_placement,
     make_predictor,
 )
-from heddle.worker import HttpPool, StepReply, WorkerClient, WorkerEndpoint
+from heddle.worker import HttpPool, StepReply, WorkerClient, WorkerEndpoint, trajectory_id
 
 from ._admission import AdmissionWindow
 from ._environments import Environment, Outcome, ParsedCalls
@@ -238,6 +238,16 @@ class RolloutSession:
             endpoint.name, AdmissionWindow(self.config.max_inflight_per_worker)
         )
 
+    async def _purge_workers(self) -> None:
+        """Ask every worker to drop this job's resident contexts; a worker that does not
+        answer in time keeps them until its idle TTL (docs/worker-api.md)."""
+        calls = [client.purge(self.job) for client in self._probes.values()]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        for name, result in zip(self._probes, results, strict=True):
+            if isinstance(result, Exception):
+                log.info("%s: worker %s did not purge the job's contexts (%s)",
+                         self.job, name, result)  # fmt: skip
+
     def drain_worker(self, name: str) -> None:
         """No new steps go there; contexts in tool calls migrate off (docs/operator.md)."""
         if name not in self._draining:
@@ -275,7 +285,7 @@ class RolloutSession:
                 if record_key(task.id, sample) in done_keys:
                     self._resumed += 1
                     continue
-                tid = f"{self.job}-t{index:06d}-s{sample:03d}"
+                tid = trajectory_id(self.job, index, sample)
                 traj = Trajectory(tid, f"{self.job}-t{index:06d}", prompt_tokens=0)
                 self.runs[tid] = TrajectoryRun(
                     traj,
@@ -297,6 +307,7 @@ class RolloutSession:
         self._connected = True
         for endpoint in self._endpoints.values():
             self._connect(endpoint)
+        await self._purge_workers()  # what an earlier session of this job left resident
         tasks = [asyncio.create_task(self._in_slot(r), name=r.traj.id) for r in self.runs.values()]
         helpers = [
             asyncio.create_task(self._health_loop(), name="health"),
@@ -321,6 +332,7 @@ class RolloutSession:
             for t in [*tasks, *helpers]:
                 t.cancel()
             await asyncio.gather(*tasks, *helpers, return_exceptions=True)
+            await self._purge_workers()  # nothing of this job stays resident after it
             await self.environment.close()
             if self.environment.reward is not None:
                 await self.environment.reward.close()

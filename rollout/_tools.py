@@ -34,6 +34,7 @@ from heddle.api import ToolEndpointSpec, ToolsSpec
 from heddle.exceptions import ToolError
 
 from ._environments import Environment, Episode, Outcome, ParsedCalls
+from ._hosts import LOCAL_DEFAULT, HostAllowList, HostRefusedError, guarded_client
 from ._tasks import Task
 
 __all__ = [
@@ -223,6 +224,9 @@ def transport_cause(exc: httpx.HTTPError, server: str = "tool server") -> str:
     while seen is not None and len(causes) < 8:
         causes.append(seen)
         seen = seen.__cause__ or seen.__context__
+    refused = next((c for c in causes if isinstance(c, HostRefusedError)), None)
+    if refused is not None:
+        return str(refused)
     if any(isinstance(c, ConnectionResetError) for c in causes):
         return f"the {server} reset the connection"
     if any(isinstance(c, ConnectionRefusedError) for c in causes):
@@ -301,14 +305,19 @@ class ToolsEnvironment(Environment):
 
     name = "tools"
 
-    def __init__(self, spec: ToolsSpec, *, expected_tool_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        spec: ToolsSpec,
+        *,
+        allowed: HostAllowList | None = None,  # None: loopback only (LOCAL_DEFAULT)
+        expected_tool_s: float = 1.0,
+    ) -> None:
         self.spec = spec
         self.parser = HermesParser()  # used only when the worker does not parse (sim)
         self.endpoints = {e.name: e for e in spec.endpoints}
         self.expected_tool_s = expected_tool_s
-        self._client = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=256), follow_redirects=False
-        )
+        # Each connection is checked against the list (docs/security.md, "Egress").
+        self._client = guarded_client(allowed or HostAllowList.parse(LOCAL_DEFAULT))
 
     def episode(self, task: Task, task_index: int, sample: int, trajectory_id: str) -> Episode:
         return _ToolsEpisode(

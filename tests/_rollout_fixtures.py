@@ -141,6 +141,7 @@ def tool_server() -> Iterator[ToolServer]:
 def start_pool(tps: list[int], tmp: Path, **options: Any) -> tuple[LocalPool, list[WorkerEndpoint]]:
     opts: dict[str, Any] = {"engine": "sim", "time_scale": 0.02, "log_dir": tmp / "logs"}
     opts.update(grace_s=1.0, max_model_len=65_536)  # the sim engine's tokens are bytes
+    opts["weights_roots"] = (str(tmp),)  # tests write their checkpoints under tmp
     opts.update(options)
     pool = LocalPool(tps, LocalWorkerOptions(**opts))
     try:

@@ -25,6 +25,13 @@ from ._environment import (
 )
 from ._http import HttpError, HttpPool, HttpTimeoutError
 from ._models import NAMED_MODELS, TINY, TINY_DIR, named_model_dir
+from ._resident import (
+    DEFAULT_MAX_RESIDENT,
+    DEFAULT_RESIDENT_TTL_S,
+    ResidentContexts,
+    job_of,
+    trajectory_id,
+)
 from ._schemas import (
     FIELD_RANGES,
     ChatMessage,
@@ -48,9 +55,11 @@ from ._smollm2 import SMOLLM2, ModelManifest, default_model_cache, ensure_smollm
 from ._smollm2_tools import SMOLLM2_TOOL_PARSER, SMOLLM2_TOOLS_TEMPLATE, install_tool_template
 from ._vllm_engine import VLLMConfig, VLLMEngine
 from ._vllm_env import THREADS_BIND, vllm_cpu_env
-from ._weights import LoadedWeights
+from ._weights import LoadedWeights, weights_path
 
 __all__ = [
+    "DEFAULT_MAX_RESIDENT",
+    "DEFAULT_RESIDENT_TTL_S",
     "DEFAULT_WORKER_ARGS",
     "FIELD_RANGES",
     "MAX_BODY_BYTES",
@@ -82,6 +91,7 @@ __all__ = [
     "LoadedWeights",
     "ModelManifest",
     "ParsedTurn",
+    "ResidentContexts",
     "Sampling",
     "SamplingParams",
     "SimulatedEngine",
@@ -104,12 +114,15 @@ __all__ = [
     "default_model_cache",
     "ensure_smollm2",
     "install_tool_template",
+    "job_of",
     "named_model_dir",
     "parse_worker_argv",
     "probe_vllm_import",
     "read_token",
     "serve",
     "tool_schema_error",
+    "trajectory_id",
     "vllm_cpu_env",
     "vllm_environment_checks",
+    "weights_path",
 ]

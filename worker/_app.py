@@ -24,6 +24,7 @@ from ._auth import BearerToken, document_auth
 from ._body_limit import MAX_BODY_BYTES, BodyLimit
 from ._chat import chat_delta
 from ._engine import Engine, EngineError, Sampling, StepOutput
+from ._resident import DEFAULT_MAX_RESIDENT, DEFAULT_RESIDENT_TTL_S, ResidentContexts
 from ._schemas import (
     FIELD_RANGES,
     TOKEN_ID_FIELDS,
@@ -35,6 +36,7 @@ from ._schemas import (
     HealthResponse,
     ImportRequest,
     ImportResponse,
+    PurgeResponse,
     ReadyResponse,
     StateResponse,
     Timings,
@@ -42,6 +44,7 @@ from ._schemas import (
     WeightsRequest,
     WeightsResponse,
 )
+from ._weights import weights_path
 
 __all__ = ["WorkerState", "create_app"]
 
@@ -82,6 +85,15 @@ class _Metrics:
         self.waiting = Gauge("heddle_worker_waiting", "steps waiting", registry=r)
         self.imports = Counter("heddle_worker_imports", "contexts imported (PUT)", registry=r)
         self.exports = Counter("heddle_worker_exports", "contexts exported (GET)", registry=r)
+        self.dropped = Counter(
+            "heddle_worker_dropped_contexts",
+            "resident contexts dropped: over the cap, idle past the TTL, or a job's purge",
+            ["reason"],
+            registry=r,
+        )
+        self.max_resident = Gauge(
+            "heddle_worker_max_resident_trajectories", "the cap on resident contexts", registry=r
+        )
         self.weights = Info("heddle_worker_weights", "the weights served", registry=r)
         self.weight_loads = Counter(
             "heddle_worker_weight_loads", "in-place loads by result", ["result"], registry=r
@@ -97,7 +109,7 @@ class WorkerState:
 
     engine: Engine
     grace_s: float = 30.0
-    contexts: dict[str, list[int]] = field(default_factory=dict)
+    contexts: ResidentContexts = field(default_factory=ResidentContexts)
     busy: set[str] = field(default_factory=set)  # trajectories with a step in flight
     draining: bool = False
     loading: str | None = None  # the weight version being loaded: steps wait or are refused
@@ -262,13 +274,19 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     token: str | None = None,
     engine_started: bool = False,
+    max_resident: int = DEFAULT_MAX_RESIDENT,
+    resident_ttl_s: float = DEFAULT_RESIDENT_TTL_S,
+    weights_roots: tuple[str, ...] = (),
 ) -> FastAPI:
     """The worker app; the engine starts with the app (unless ``engine_started``: the
     caller started it) and stops with it.
 
     With ``token``, every route but the probes and /metrics needs it as a bearer token.
+    At most ``max_resident`` contexts stay resident, none idle longer than
+    ``resident_ttl_s`` (:mod:`._resident`). ``POST /v1/weights`` loads only directories
+    under ``weights_roots`` (none: it refuses every path).
     """
-    state = WorkerState(engine, grace_s)
+    state = WorkerState(engine, grace_s, contexts=ResidentContexts(max_resident, resident_ttl_s))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -319,6 +337,23 @@ def create_app(
             },
             status_code=500,
         )
+
+    def _dropped(gone: list[str], reason: str) -> None:
+        for trajectory in gone:
+            engine.release(trajectory)
+        if gone:
+            m.dropped.labels(reason).inc(len(gone))
+
+    def _hold(trajectory_id: str, context: list[int]) -> None:
+        """Keep ``context`` resident; what the cap or the TTL drops goes from the engine too."""
+        before = dict(state.contexts.dropped)
+        gone = state.contexts.put(trajectory_id, context, state.busy)
+        after = state.contexts.dropped
+        for reason in ("ttl", "cap"):
+            if after[reason] > before[reason]:
+                m.dropped.labels(reason).inc(after[reason] - before[reason])
+        for trajectory in gone:
+            engine.release(trajectory)
 
     def _context(trajectory_id: str) -> list[int]:
         context = state.contexts.get(trajectory_id)
@@ -460,9 +495,9 @@ def create_app(
             state.busy.discard(trajectory_id)
             if reply is None:  # a step that did not finish leaves the context as it was
                 if previous is None:
-                    state.contexts.pop(trajectory_id, None)
+                    state.contexts.pop(trajectory_id)
                 else:
-                    state.contexts[trajectory_id] = previous
+                    _hold(trajectory_id, previous)
         if reply is None:
             # The client went away: nobody reads this; 499 keeps it apart from failures.
             return JSONResponse({"error": "the client went away; step cancelled"}, 499)
@@ -493,7 +528,7 @@ def create_app(
             )
         if body.tool_parser is not None:
             _parsed(body, "")  # a parser that does not fit the model fails before the step
-        state.contexts[trajectory_id] = context
+        _hold(trajectory_id, context)
         started = time.monotonic()
         output = await _step(
             request,
@@ -560,10 +595,11 @@ def create_app(
             )
         _check_length(trajectory_id, len(body.token_ids))
         _check_vocab("token_ids", body.token_ids)
-        state.contexts[trajectory_id] = list(body.token_ids)
+        context = list(body.token_ids)
+        _hold(trajectory_id, context)
         if body.warm:
             try:
-                await engine.warm(trajectory_id, state.contexts[trajectory_id])
+                await engine.warm(trajectory_id, context)
             except EngineInputError as exc:
                 raise ApiError(422, f"invalid request: the engine refused it: {exc}") from exc
             except EngineError as exc:
@@ -588,9 +624,17 @@ def create_app(
             raise ApiError(
                 409, f"a step of trajectory {trajectory_id!r} is running; release it later"
             )
-        del state.contexts[trajectory_id]
+        state.contexts.pop(trajectory_id)
         engine.release(trajectory_id)
         return Response(status_code=204)
+
+    @app.delete("/v1/trajectories", response_model=PurgeResponse, responses=_errors(422))
+    async def purge(job: str) -> PurgeResponse:
+        """Drop every resident context of ``job``: its session calls this when it starts
+        (a predecessor's leftovers) and when it ends."""
+        gone = state.contexts.purge(job, state.busy)
+        _dropped(gone, "purge")
+        return PurgeResponse(job=job, released=len(gone))
 
     @app.get("/v1/state", response_model=StateResponse)
     async def worker_state() -> StateResponse:
@@ -607,6 +651,9 @@ def create_app(
             waiting=stats.waiting,
             kv_usage=stats.kv_usage,
             resident_trajectories=len(state.contexts),
+            max_resident=state.contexts.max_resident,
+            resident_ttl_s=state.contexts.ttl_s,
+            dropped_contexts=dict(state.contexts.dropped),
             generated_tokens=stats.generated_tokens,
             tokens_per_s=state.tokens_per_s(),
             weight_version=engine.weights.version if engine.weights else None,
@@ -616,6 +663,11 @@ def create_app(
     @app.post("/v1/weights", response_model=WeightsResponse, responses=_errors(400, 413, 422, 503))
     async def load_weights(body: WeightsRequest) -> WeightsResponse:
         _refuse_when_unavailable()
+        try:
+            weights_path(body.path, weights_roots)
+        except CheckpointError as exc:
+            m.weight_loads.labels("refused").inc()
+            raise ApiError(422, str(exc)) from exc
         held = engine.weights
         if held is not None and (held.path, held.version) == (body.path, body.version):
             return WeightsResponse(
@@ -665,7 +717,9 @@ def create_app(
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:
         stats = engine.stats()
+        _dropped(state.contexts.expire(state.busy), "ttl")
         m.resident.set(len(state.contexts))
+        m.max_resident.set(state.contexts.max_resident)
         m.kv_usage.set(stats.kv_usage)
         m.running.set(stats.running)
         m.waiting.set(stats.waiting)

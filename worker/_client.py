@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
+from urllib.parse import quote
 
 from heddle.exceptions import WorkerRejectedError, WorkerUnavailableError
 
@@ -175,6 +176,14 @@ class WorkerClient:
             await self._request("DELETE", f"/v1/trajectories/{trajectory_id}", timeout=10.0)
         except WorkerRejectedError as exc:
             if exc.status not in (404, 409):
+                raise
+
+    async def purge(self, job: str, *, timeout: float = 5.0) -> None:
+        """Drop every context of ``job`` the worker holds (a worker without the route: fine)."""
+        try:
+            await self._request("DELETE", f"/v1/trajectories?job={quote(job)}", timeout=timeout)
+        except WorkerRejectedError as exc:
+            if exc.status not in (404, 405):
                 raise
 
     async def load_weights(self, path: str, version: str, *, timeout: float) -> bool:

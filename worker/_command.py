@@ -47,6 +47,9 @@ class WorkerArgs:
     kv_cache_gib: int = 1  # vllm CPU build: VLLM_CPU_KVCACHE_SPACE
     max_body_mib: float | None = None  # None: the worker's own MAX_BODY_BYTES
     token_file: str | None = None  # wins over $HEDDLE_WORKER_TOKEN
+    max_resident: int | None = None  # None: the worker's own DEFAULT_MAX_RESIDENT
+    resident_ttl_s: float | None = None  # None: the worker's own DEFAULT_RESIDENT_TTL_S
+    weights_roots: tuple[str, ...] = field(default=())  # POST /v1/weights loads only under these
 
     def argv(self) -> list[str]:
         """``worker`` and every flag that is set, in a stable order (explicit in a pod spec)."""
@@ -68,6 +71,7 @@ class WorkerArgs:
     def from_namespace(cls, ns: argparse.Namespace) -> WorkerArgs:
         values: dict[str, Any] = {name: getattr(ns, _dest(flag)) for name, flag in _FLAGS.items()}
         values["vllm_args"] = tuple(values["vllm_args"])
+        values["weights_roots"] = tuple(values["weights_roots"])
         return cls(**values)
 
 
@@ -93,6 +97,9 @@ _FLAGS = {
     "kv_cache_gib": "--kv-cache-gib",
     "max_body_mib": "--max-body-mib",
     "token_file": "--token-file",
+    "max_resident": "--max-resident",
+    "resident_ttl_s": "--resident-ttl",
+    "weights_roots": "--weights-root",
 }
 
 
@@ -167,6 +174,27 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=d.max_body_mib,  # the worker's own default (heddle.worker MAX_BODY_BYTES)
         help="largest request body in MiB; larger ones get 413 (docs/worker-api.md)",
+    )
+    p.add_argument(
+        "--max-resident",
+        type=int,
+        default=d.max_resident,
+        help="trajectory contexts kept resident at most; the least recently used go first "
+        "(default: 4096; docs/worker-api.md)",
+    )
+    p.add_argument(
+        "--resident-ttl",
+        type=float,
+        default=d.resident_ttl_s,
+        help="seconds an idle context stays resident (default: 1800)",
+    )
+    p.add_argument(
+        "--weights-root",
+        action="append",
+        default=list(d.weights_roots),
+        metavar="DIR",
+        help="a directory under which POST /v1/weights may load checkpoints (repeatable); "
+        "none: in-place loading is refused",
     )
     p.add_argument(
         "--token-file",

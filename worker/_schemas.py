@@ -29,6 +29,7 @@ __all__ = [
     "HealthResponse",
     "ImportRequest",
     "ImportResponse",
+    "PurgeResponse",
     "Range",
     "ReadyResponse",
     "SamplingParams",
@@ -246,12 +247,24 @@ class StateResponse(_Strict):
     waiting: int
     kv_usage: float
     resident_trajectories: int
+    max_resident: int = Field(description="the cap on resident contexts (--max-resident)")
+    resident_ttl_s: float = Field(
+        description="an idle context is dropped after this many seconds (--resident-ttl)"
+    )
+    dropped_contexts: dict[str, int] = Field(
+        description="contexts dropped since start, by reason: cap, ttl, purge"
+    )
     generated_tokens: int
     tokens_per_s: float
     weight_version: str | None = Field(
         None, description="the version last loaded with POST /v1/weights; null: start-up weights"
     )
     weights_path: str | None = Field(None, description="where the served weights came from")
+
+
+class PurgeResponse(_Strict):
+    job: str
+    released: int = Field(description="resident contexts of the job dropped")
 
 
 class WeightsRequest(_Strict):

@@ -8,6 +8,7 @@ import logging
 import signal
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -77,10 +78,17 @@ def serve(
     grace_s: float = 30.0,
     max_body_bytes: int = MAX_BODY_BYTES,
     token: str | None = None,
+    **state: Any,
 ) -> None:
-    """Serve ``engine`` until a signal; blocks. ``token``: see :func:`create_app`."""
+    """Serve ``engine`` until a signal; blocks. ``token`` and ``state`` (max_resident,
+    resident_ttl_s, weights_roots): see :func:`create_app`."""
     app = create_app(
-        engine, grace_s=grace_s, max_body_bytes=max_body_bytes, token=token, engine_started=True
+        engine,
+        grace_s=grace_s,
+        max_body_bytes=max_body_bytes,
+        token=token,
+        engine_started=True,
+        **state,
     )
     config = uvicorn.Config(
         app, host=host, port=port, log_level="info", timeout_graceful_shutdown=int(grace_s) + 5

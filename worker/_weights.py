@@ -12,7 +12,9 @@ serving.
 from __future__ import annotations
 
 import json
+import os
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,9 +27,36 @@ __all__ = [
     "check_compatible",
     "checkpoint_dir",
     "checkpoint_layout",
+    "weights_path",
 ]
 
 _MAX_HEADER_BYTES = 100 * 2**20  # the safetensors format's own cap on the JSON header
+MAX_CONFIG_BYTES = 2**20  # a config.json is a few KiB; a larger one is not a checkpoint's
+
+
+def weights_path(path: str, roots: Sequence[str]) -> str:
+    """``path`` with symlinks and ``..`` resolved, if it lies under one of ``roots``.
+
+    Whoever holds the pool's token may ask for a load, so the worker reads only where
+    its checkpoints live (the volumes it mounts): not /etc, /proc or the way up with
+    ``..``. The refusal is the same whether the path exists or not, so it tells the
+    caller nothing about the worker's files.
+    """
+    if not roots:
+        raise CheckpointError(
+            f"checkpoint {path}: this worker loads checkpoints in place only under its "
+            "weights roots, and it has none (heddle worker --weights-root DIR; the operator "
+            "passes the mount paths of the pool's volumes)"
+        )
+    real = os.path.realpath(path) if "\x00" not in path else ""
+    for root in roots:
+        top = os.path.realpath(root)
+        if real and (real == top or real.startswith(top.rstrip("/") + "/")):
+            return real
+    raise CheckpointError(
+        f"checkpoint {path} is not under this worker's weights roots {sorted(roots)}; save "
+        "checkpoints on a volume the workers mount there"
+    )
 
 
 @dataclass(frozen=True)
@@ -83,7 +112,14 @@ def checkpoint_layout(path: str) -> CheckpointLayout:
     root = checkpoint_dir(path)
     config_file = root / "config.json"
     try:
-        config = json.loads(config_file.read_text(encoding="utf-8"))
+        with config_file.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise CheckpointError(
+                f"checkpoint {path}: config.json is over {MAX_CONFIG_BYTES} bytes; it is not a "
+                "model's config"
+            )
+        config = json.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path} has no config.json") from None
     except (OSError, ValueError) as exc:

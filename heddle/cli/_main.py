@@ -271,7 +271,15 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     token = read_token(args.token_file)  # before the engine: a bad token costs no model load
-    limits: dict[str, int] = {}
+    limits: dict[str, Any] = {"weights_roots": tuple(args.weights_root)}
+    if args.max_resident is not None:
+        if args.max_resident < 1:
+            raise ConfigError(f"--max-resident {args.max_resident} must be at least 1")
+        limits["max_resident"] = args.max_resident
+    if args.resident_ttl is not None:
+        if args.resident_ttl <= 0:
+            raise ConfigError(f"--resident-ttl {args.resident_ttl:g} must be positive, e.g. 1800")
+        limits["resident_ttl_s"] = args.resident_ttl
     if args.max_body_mib is not None:
         if args.max_body_mib <= 0:
             raise ConfigError(f"--max-body-mib {args.max_body_mib:g} must be positive, e.g. 16")

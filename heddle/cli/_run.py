@@ -197,6 +197,7 @@ def add_run_parser(sub: Any) -> None:
 
 
 def _cmd_operator(args: argparse.Namespace) -> int:
+    from heddle.api import PodPolicy  # noqa: PLC0415
     from heddle.operator import OperatorConfig, run_operator  # noqa: PLC0415
     from heddle.rollout import HostAllowList  # noqa: PLC0415
 
@@ -213,6 +214,9 @@ def _cmd_operator(args: argparse.Namespace) -> int:
             HostAllowList.parse(args.tool_allowed_hosts, "--tool-allowed-hosts")
             if args.tool_allowed_hosts is not None
             else HostAllowList.from_env()
+        ),
+        pod_policy=PodPolicy.parse(
+            args.allowed_images, args.allowed_service_accounts, args.pod_allow
         ),
         data_root=Path(args.data_root),
         **({"session_image": args.session_image} if args.session_image else {}),
@@ -249,8 +253,30 @@ def add_operator_parser(sub: Any) -> None:
         "--tool-allowed-hosts",
         default=None,
         metavar="LIST",
-        help="hosts, *.suffixes and CIDRs tool calls may reach, comma-separated "
-        "(default: $HEDDLE_TOOL_ALLOWED_HOSTS; unset: any)",
+        help="hosts, *.suffixes and CIDRs tool calls may reach, comma-separated; '*': any "
+        "(default: $HEDDLE_TOOL_ALLOWED_HOSTS; empty: none)",
+    )
+    p.add_argument(
+        "--allowed-images",
+        default=os.environ.get("HEDDLE_ALLOWED_IMAGES", ""),
+        metavar="LIST",
+        help="images pools and jobs may run: 'registry/' prefixes, repositories or images, "
+        "comma-separated; '*': any (default: $HEDDLE_ALLOWED_IMAGES, else ghcr.io/heddle-dev/)",
+    )
+    p.add_argument(
+        "--allowed-service-accounts",
+        default=os.environ.get("HEDDLE_ALLOWED_SERVICE_ACCOUNTS", ""),
+        metavar="LIST",
+        help="ServiceAccounts a job's session or a pool's pod template may name besides the "
+        "namespace's default (default: $HEDDLE_ALLOWED_SERVICE_ACCOUNTS)",
+    )
+    p.add_argument(
+        "--pod-allow",
+        default=os.environ.get("HEDDLE_POD_ALLOW", ""),
+        metavar="LIST",
+        help="pod fields tenants may use that are refused by default: hostNetwork, hostPath, "
+        "secretVolumes, serviceAccountToken, otherVolumes, capabilities "
+        "(default: $HEDDLE_POD_ALLOW; docs/security.md)",
     )
     p.add_argument(
         "--data-root",

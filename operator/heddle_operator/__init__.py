@@ -18,6 +18,7 @@ from ._builders import (
     pod_phase,
     shape_entries,
     spec_hash,
+    worker_network_policy,
     worker_pod,
 )
 from ._job_status import (
@@ -62,6 +63,7 @@ from ._session_builders import (
     gateway_objects,
     gateway_secret_name,
     gateway_url,
+    session_account,
     session_pod,
     session_rbac,
 )
@@ -126,6 +128,7 @@ __all__ = [
     "run_job",
     "run_operator",
     "run_session_pod",
+    "session_account",
     "session_pod",
     "session_pods",
     "session_rbac",
@@ -135,5 +138,6 @@ __all__ = [
     "token_env",
     "token_secret",
     "token_secret_name",
+    "worker_network_policy",
     "worker_pod",
 ]

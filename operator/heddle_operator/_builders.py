@@ -21,7 +21,9 @@ from heddle.api import (
     LABEL_TP,
     EnginePoolSpec,
     InstancePhase,
+    PodPolicy,
     apply_pod_template,
+    check_pool_policy,
 )
 from heddle.scheduler import PoolShape
 from heddle.worker import WorkerArgs
@@ -40,6 +42,7 @@ __all__ = [
     "pod_phase",
     "shape_entries",
     "spec_hash",
+    "worker_network_policy",
     "worker_pod",
 ]
 
@@ -77,18 +80,32 @@ def _owner(pool_body: Mapping[str, Any]) -> dict[str, Any]:
     return dict(kopf.build_owner_reference(kopf.Body(cast(kopf.RawBody, dict(pool_body)))))
 
 
+def _weights_roots(pool: EnginePoolSpec) -> tuple[str, ...]:
+    """Where the worker may load checkpoints in place: the volumes the pool mounts in it."""
+    template = (pool.pod.get("podTemplate") or {}).get("spec") or {}
+    worker: Mapping[str, Any] = next(
+        (c for c in template.get("containers") or [] if c.get("name") == "worker"), {}
+    )
+    mounts = [*(pool.pod.get("volumeMounts") or []), *(worker.get("volumeMounts") or [])]
+    return tuple(sorted({str(m["mountPath"]) for m in mounts if m.get("mountPath")}))
+
+
 def worker_pod(
     pool: EnginePoolSpec,
     pool_body: Mapping[str, Any],
     name: str,
     tp: int,
     token_digest: str = "",
+    policy: PodPolicy | None = None,
 ) -> dict[str, Any]:
     """One engine instance: the worker image serving the model at ``tp`` GPUs.
 
     Its token comes from the pool's Secret (:mod:`._tokens`); ``token_digest`` only
-    marks which token the pod was made with.
+    marks which token the pod was made with. With ``policy`` (the operator passes its
+    own), the pool's image, volumes and pod template must be within it (ManifestError).
     """
+    if policy is not None:
+        check_pool_policy(pool, policy)
     resources = dict(pool.pod.get("resources") or {})  # requests == limits (manifest check)
     requests = {**(resources.get("requests") or {}), GPU: str(tp)}
     limits = {**(resources.get("limits") or {}), GPU: str(tp)}
@@ -102,6 +119,7 @@ def worker_pod(
             port=WORKER_PORT,
             max_model_len=pool.vllm.max_model_len,
             gpu_memory_utilization=pool.vllm.gpu_memory_utilization,
+            weights_roots=_weights_roots(pool),
         ).argv(),
     ]
     probe = {"httpGet": {"path": "/readyz", "port": WORKER_PORT}, "periodSeconds": 5}
@@ -181,6 +199,31 @@ def headless_service(pool: EnginePoolSpec, pool_body: Mapping[str, Any]) -> dict
             "publishNotReadyAddresses": False,
         },
     }
+
+
+def worker_network_policy(pool: EnginePoolSpec, pool_body: Mapping[str, Any]) -> dict[str, Any]:
+    """Ingress to the pool's workers only from session pods of their namespace, made in
+    every namespace a pool lives in (the chart cannot know them in a cluster-wide install).
+    NetworkPolicies add up: the chart's own (metrics scrapers, the operator) still apply."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": f"{pool.name}-workers",
+            "namespace": pool.namespace,
+            "labels": {LABEL_POOL: pool.name, "app.kubernetes.io/managed-by": "heddle"},
+            "ownerReferences": [_owner(pool_body)],
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {LABEL_POOL: pool.name}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{
+                "from": [{"podSelector": {"matchLabels": {
+                    "app.kubernetes.io/name": "heddle-session"}}}],
+                "ports": [{"port": WORKER_PORT, "protocol": "TCP"}],
+            }],
+        },
+    }  # fmt: skip
 
 
 def pod_phase(pod: Mapping[str, Any]) -> InstancePhase:

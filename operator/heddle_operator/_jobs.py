@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from heddle.api import RolloutJobSpec
-from heddle.exceptions import HeddleError
+from heddle.api import PodPolicy, RolloutJobSpec, check_session_policy
+from heddle.exceptions import HeddleError, ManifestError
 from heddle.rollout import check_tool_hosts
 
 from ._builders import condition, now_iso
@@ -42,11 +42,12 @@ from ._session_builders import (
     LABEL_JOB,
     SessionPodOptions,
     gateway_objects,
+    session_account,
     session_pod,
     session_rbac,
 )
 
-__all__ = ["JobContext", "delete_session_pods", "run_job", "session_pods"]
+__all__ = ["JobContext", "delete_session_pods", "owned_by", "run_job", "session_pods"]
 
 log = logging.getLogger("heddle.operator.jobs")
 _RBAC: dict[str, Resource] = {
@@ -115,6 +116,7 @@ async def _first_in_queue(ctx: JobContext, body: Mapping[str, Any], pool: str) -
 def _validate(body: Mapping[str, Any], ctx: JobContext) -> RolloutJobSpec:
     job = RolloutJobSpec.from_manifest(body)
     check_tool_hosts(job, ctx.pod.tool_hosts)
+    check_session_policy(job, ctx.pod.policy or PodPolicy(), session_account(job.name))
     return job
 
 
@@ -195,12 +197,17 @@ class _PodKeeper:
                 "create it or fix spec.enginePool",
             ))  # fmt: skip
             return True
-        if not self.rbac_done:
-            await self._ensure_rbac()
-        if not self.gateway_done:
-            await self._ensure_gateway()
+        try:
+            if not self.rbac_done:
+                await self._ensure_rbac()
+            if not self.gateway_done:
+                await self._ensure_gateway()
+        except ManifestError as exc:  # an object of that name that is not the job's
+            await self.status.write("Failed", [condition("Valid", False, "NameTaken", str(exc))],
+                                    completionTime=now_iso())  # fmt: skip
+            return False
         pods = [p for p in await session_pods(ctx.kube, job.namespace, job.name)
-                if _owned_by(p, self.uid)]  # fmt: skip
+                if owned_by(p, self.uid)]  # fmt: skip
         if any(p["metadata"].get("deletionTimestamp") for p in pods):
             return True  # the old session goes first: never two sessions on one output
         live = [p for p in pods if (p.get("status") or {}).get("phase") not in FINISHED]
@@ -246,36 +253,46 @@ class _PodKeeper:
         return True
 
     async def _ensure_gateway(self) -> None:
-        """An external job's token Secret and Service (an existing Secret is kept: its
-        token is the one agents hold)."""
+        """An external job's token Secret and Service (an existing Secret of the job's is
+        kept: its token is the one agents hold)."""
         token = secrets.token_urlsafe(32)
         for plural, obj in gateway_objects(self.job, self.body, token):
-            resource = SECRETS if plural == "secrets" else SERVICES
-            if await self.ctx.kube.get(resource, self.job.namespace, obj["metadata"]["name"]):
-                continue
-            try:
-                await self.ctx.kube.create(resource, self.job.namespace, obj)
-            except ApiError as exc:
-                if exc.status != 409:
-                    raise
+            await self._ensure_own(SECRETS if plural == "secrets" else SERVICES, obj)
         self.gateway_done = True
 
     async def _ensure_rbac(self) -> None:
-        for plural, obj in session_rbac(self.job.namespace):
-            resource = _RBAC[plural]
-            if await self.ctx.kube.get(resource, self.job.namespace, obj["metadata"]["name"]):
-                continue
+        for plural, obj in session_rbac(self.job, self.body):
+            await self._ensure_own(_RBAC[plural], obj)
+        self.rbac_done = True
+
+    async def _ensure_own(self, resource: Resource, obj: Mapping[str, Any]) -> None:
+        """Create ``obj``; one that exists already is used only if this job owns it: a
+        Service, Secret or Role someone else made under the job's name would route its
+        agents, hold its token or grant its session other rights."""
+        name = obj["metadata"]["name"]
+        existing = await self.ctx.kube.get(resource, self.job.namespace, name)
+        if existing is None:
             try:
                 await self.ctx.kube.create(resource, self.job.namespace, obj)
+                return
             except ApiError as exc:
                 if exc.status != 409:
                     raise
-        self.rbac_done = True
+                existing = await self.ctx.kube.get(resource, self.job.namespace, name)
+        if existing is not None and not owned_by(existing, self.uid):
+            kind = obj["kind"]
+            raise ManifestError(
+                f"a {kind} named {name!r} already exists in namespace {self.job.namespace} and "
+                f"is not this job's (no owner reference to it); the operator does not reuse "
+                f"objects it did not make: delete that {kind} or rename the job"
+            )
 
 
-def _owned_by(pod: Mapping[str, Any], uid: str | None) -> bool:
-    refs = pod["metadata"].get("ownerReferences") or []
-    return uid is None or any(r.get("uid") == uid for r in refs)
+def owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
+    """Whether ``obj``'s controller is the object with ``uid`` (what this operator made for
+    it); an object without a uid owns nothing."""
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return uid is not None and any(r.get("uid") == uid and r.get("controller") for r in refs)
 
 
 def _cannot_start(pod: Mapping[str, Any]) -> str | None:
@@ -303,10 +320,15 @@ async def _delete(kube: KubeClient, namespace: str, name: str) -> None:
             raise
 
 
-async def delete_session_pods(kube: KubeClient, namespace: str, job: str) -> Sequence[str]:
+async def delete_session_pods(
+    kube: KubeClient, namespace: str, job: str, uid: str | None
+) -> Sequence[str]:
     """Delete the job's session pods (on the job's deletion; owner references do it too,
-    where a garbage collector runs)."""
-    names = [p["metadata"]["name"] for p in await session_pods(kube, namespace, job)]
+    where a garbage collector runs); a pod that only carries the job's label is not the
+    operator's and stays."""
+    names = [
+        p["metadata"]["name"] for p in await session_pods(kube, namespace, job) if owned_by(p, uid)
+    ]
     for name in names:
         await _delete(kube, namespace, name)
     return names

@@ -80,6 +80,7 @@ EVENTS = Resource("", "v1", "events")
 SERVICEACCOUNTS = Resource("", "v1", "serviceaccounts")
 ROLES = Resource("rbac.authorization.k8s.io", "v1", "roles")
 ROLEBINDINGS = Resource("rbac.authorization.k8s.io", "v1", "rolebindings")
+NETWORKPOLICIES = Resource("networking.k8s.io", "v1", "networkpolicies")
 ENGINEPOOLS = Resource(GROUP, VERSION, ENGINEPOOL_PLURAL)
 ROLLOUTJOBS = Resource(GROUP, VERSION, ROLLOUTJOB_PLURAL)
 

@@ -21,7 +21,7 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
-from heddle.api import ENGINEPOOL_PLURAL, FINALIZER, GROUP, ROLLOUTJOB_PLURAL, VERSION
+from heddle.api import ENGINEPOOL_PLURAL, FINALIZER, GROUP, ROLLOUTJOB_PLURAL, VERSION, PodPolicy
 from heddle.rollout import DATA_ROOT, HostAllowList, SessionConfig
 from heddle.scheduler import PoolShape
 
@@ -50,7 +50,8 @@ class OperatorConfig:
     scan_cluster: bool = True  # let kopf watch namespaces and CRDs appear (needs list RBAC)
     data_root: Path = DATA_ROOT  # session pods' folder: a job's relative paths resolve in it
     session: SessionConfig = field(default_factory=SessionConfig)  # passed to session pods
-    tool_hosts: HostAllowList | None = None  # where tool calls may go; None: anywhere
+    tool_hosts: HostAllowList = field(default_factory=HostAllowList)  # empty: nowhere
+    pod_policy: PodPolicy = field(default_factory=PodPolicy)  # what tenants' pods may ask for
     session_image: str = DEFAULT_SESSION_IMAGE  # session pods' image (the operator's own)
     session_metrics_port: int = 9090  # each session pod's Prometheus port; 0: off
     job_poll_s: float = 1.0  # how often a job's daemon looks at its session pod
@@ -170,6 +171,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
                     runtime,
                     resident=resident,
                     drain_timeout_s=config.drain_timeout_s,
+                    policy=config.pod_policy,
                     pods=None if pool_pods is None else list(pool_pods.get((namespace, name), [])),
                 )
             except Exception:  # a bad round must not end the daemon; the next one retries
@@ -190,6 +192,7 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
             metrics_port=config.session_metrics_port,
             session=config.session,
             tool_hosts=config.tool_hosts,
+            policy=config.pod_policy,
         )
         ctx = JobContext(state.client(), options, config.status_interval_s, config.job_poll_s)
         await run_job(ctx, body, lambda: bool(stopped), stopped.wait)
@@ -198,10 +201,12 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
             await stopped.wait(3600)
 
     @kopf.on.delete(GROUP, VERSION, "rolloutjobs", registry=registry, optional=True)
-    async def job_deleted(name: str, namespace: str | None, **_: Any) -> None:
+    async def job_deleted(name: str, namespace: str | None, meta: kopf.Meta, **_: Any) -> None:
         # Owner references take the pod too where a garbage collector runs; this does it
         # at once, and on servers without one.
-        gone = await delete_session_pods(state.client(), namespace or "default", name)
+        gone = await delete_session_pods(
+            state.client(), namespace or "default", name, meta.get("uid")
+        )
         if gone:
             log.info("RolloutJob %s/%s deleted: deleted its session pods %s",
                      namespace, name, gone)  # fmt: skip
@@ -215,15 +220,20 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
 def _follow_session(runtime: PoolRuntime, jobs: list[dict[str, Any]]) -> dict[str, int]:
     """Take what the pool's running job published: its planned shape, the checkpoint
     version per instance, and per instance whether trajectories may still live there
-    (0: the session emptied it, or never used it; a draining instance may go)."""
-    running = [j for j in jobs if j.get("phase") == "Running"]
-    for job in sorted(jobs, key=lambda j: str(j.get("startTime", ""))):  # the latest wins
-        runtime.weight_versions.update(
-            {str(k): str(v) for k, v in (job.get("weightVersions") or {}).items()}
-        )
+    (0: the session emptied it, or never used it; a draining instance may go).
+
+    Only a Running job's status counts: a finished job's session is gone, and whatever
+    its status says now was not written by a session the operator started for this pool.
+    """
+    running = sorted(
+        (j for j in jobs if j.get("phase") == "Running"), key=lambda j: str(j.get("startTime", ""))
+    )
     if not running:
         return {}
-    job = running[0]
+    job = running[-1]  # the latest start wins (one job runs per pool)
+    runtime.weight_versions.update(
+        {str(k): str(v) for k, v in (job.get("weightVersions") or {}).items()}
+    )
     entries = job.get("plannedShape")
     if entries:
         runtime.planned = PoolShape.of({int(e["tp"]): int(e["replicas"]) for e in entries})

@@ -26,6 +26,8 @@ from heddle.api import (
     ANNOTATION_SPEC_HASH,
     EnginePoolSpec,
     InstancePhase,
+    PodPolicy,
+    check_pool_policy,
 )
 from heddle.exceptions import ManifestError
 from heddle.scheduler import PoolShape
@@ -41,9 +43,10 @@ from ._builders import (
     pod_phase,
     shape_entries,
     spec_hash,
+    worker_network_policy,
     worker_pod,
 )
-from ._kube import ENGINEPOOLS, PODS, SERVICES, ApiError, KubeClient
+from ._kube import ENGINEPOOLS, NETWORKPOLICIES, PODS, SERVICES, ApiError, KubeClient
 from ._reconcile import PodView, plan_pool
 from ._tokens import TokenState, ensure_worker_token, token_digest
 
@@ -102,6 +105,7 @@ class PoolRuntime:
     service_check_at: float = 0.0  # monotonic time of the next check of the headless Service
     token: TokenState | None = None  # the pool's worker token as last read
     token_check_at: float = 0.0  # monotonic time it is read again
+    foreign: set[str] = field(default_factory=set)  # pods with the pool's label, not its own
 
 
 def baseline_shape(pool: EnginePoolSpec) -> PoolShape:
@@ -141,6 +145,34 @@ def _views(pods: Sequence[Mapping[str, Any]], current_hash: str) -> list[PodView
     return views
 
 
+def _own_pods(
+    body: Mapping[str, Any], runtime: PoolRuntime, pods: Sequence[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """The pods this pool's controller reference marks as its own. A pod that only carries
+    the pool's label is not an instance: never drained, deleted, counted or routed to
+    (its address would receive prompts and the pool's token); it is reported once."""
+    uid = body["metadata"].get("uid")
+    own = []
+    for pod in pods:
+        refs = pod.get("metadata", {}).get("ownerReferences") or []
+        if uid is not None and any(r.get("uid") == uid and r.get("controller") for r in refs):
+            own.append(pod)
+            continue
+        name = pod["metadata"]["name"]
+        if name not in runtime.foreign:
+            runtime.foreign.add(name)
+            meta = body["metadata"]
+            log.warning(
+                "EnginePool %s/%s: pod %s carries the pool's label but the pool does not own "
+                "it; ignored", meta.get("namespace", "default"), meta["name"], name,
+            )  # fmt: skip
+            _event(body, "ForeignPodIgnored",
+                   f"pod {name} carries label {LABEL_POOL}={meta['name']} but was not made by "
+                   "the operator for this pool; it is not an instance and gets no traffic",
+                   kind="Warning")  # fmt: skip
+    return own
+
+
 def endpoint(pod: Mapping[str, Any]) -> str | None:
     ip = (pod.get("status") or {}).get("podIP")
     return f"http://{ip}:{WORKER_PORT}" if ip else None
@@ -154,14 +186,17 @@ async def reconcile_pool(
     resident: Mapping[str, int],
     drain_timeout_s: float,
     pods: Sequence[Mapping[str, Any]] | None = None,
+    policy: PodPolicy | None = None,
 ) -> None:
     """One round. ``resident`` counts unfinished trajectories per instance (the job's session);
-    ``pods`` are the pool's pods as the operator's index has them (None: LIST them)."""
+    ``pods`` are the pool's pods as the operator's index has them (None: LIST them);
+    ``policy`` is what the pool's pods may ask for (the operator's settings)."""
     meta = body["metadata"]
     name, namespace = meta["name"], meta.get("namespace", "default")
     status = dict(body.get("status") or {})
     try:
         pool = EnginePoolSpec.from_manifest(body)
+        check_pool_policy(pool, policy or PodPolicy())
     except ManifestError as exc:
         await _patch_status(
             kube, body, runtime, {"conditions": merge_conditions(
@@ -182,7 +217,7 @@ async def reconcile_pool(
     digest = token_digest(token.token)
     if pods is None:
         pods = await kube.list(PODS, namespace, {LABEL_POOL: name})
-    pods = runtime.writes.over(pods)
+    pods = _own_pods(body, runtime, runtime.writes.over(pods))
     by_name = {p["metadata"]["name"]: p for p in pods}
     views = _views(pods, spec_hash(pool, digest))
     now = time.time()
@@ -217,10 +252,12 @@ async def reconcile_pool(
         await kube.delete(PODS, namespace, pod_name)
         writes.note(by_name.get(pod_name), None, pod_name)
         _event(body, "Deleted", f"deleted instance {pod_name}")
-    for pod_name, tp in actions.create:
+    # No instance without the pool's own token: a pod would read whatever Secret holds its
+    # name (the Degraded condition says why).
+    for pod_name, tp in actions.create if token.token is not None else ():
         try:
             created = await kube.create(
-                PODS, namespace, worker_pod(pool, body, pod_name, tp, digest)
+                PODS, namespace, worker_pod(pool, body, pod_name, tp, digest, policy)
             )
         except ApiError as exc:
             if exc.status != 409:
@@ -233,12 +270,16 @@ async def reconcile_pool(
     if time.monotonic() >= runtime.service_check_at:
         # Checked once a minute, not every round: the Service rarely goes (and a recreated
         # one only restores DNS names; endpoints in status do not depend on it).
-        if await kube.get(SERVICES, namespace, name) is None:
-            try:
-                await kube.create(SERVICES, namespace, headless_service(pool, body))
-            except ApiError as exc:
-                if exc.status != 409:
-                    raise
+        for resource, obj in (
+            (SERVICES, headless_service(pool, body)),
+            (NETWORKPOLICIES, worker_network_policy(pool, body)),
+        ):
+            if await kube.get(resource, namespace, obj["metadata"]["name"]) is None:
+                try:
+                    await kube.create(resource, namespace, obj)
+                except ApiError as exc:
+                    if exc.status != 409:
+                        raise
         runtime.service_check_at = time.monotonic() + SERVICE_CHECK_S
     await _write_status(
         kube, body, runtime, pool, desired, source, pods, views, actions.blocked_gpus,
@@ -354,11 +395,11 @@ def _degraded(
     return condition("Degraded", False, "Healthy", "no failed instances")
 
 
-def _event(body: Mapping[str, Any], reason: str, message: str) -> None:
+def _event(body: Mapping[str, Any], reason: str, message: str, kind: str = "Normal") -> None:
     """An Event on the pool through kopf's poster: queued, never blocking a round; kopf posts
     it with its own credentials and retries."""
     obj = body if isinstance(body, kopf.Body) else kopf.Body(cast(kopf.RawBody, dict(body)))
-    kopf.event(obj, type="Normal", reason=reason, message=message)
+    kopf.event(obj, type=kind, reason=reason, message=message)
 
 
 async def _patch_status(

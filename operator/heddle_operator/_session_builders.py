@@ -2,14 +2,19 @@
 
 The session pod runs ``heddle session`` for one job in the job's namespace,
 owned by the job; without ``spec.session.serviceAccountName`` it runs as
-``heddle-session``, whose Role lets it read jobs and pools, patch jobs'
-status, read task ConfigMaps and post Events, and nothing else (the worker
-token reaches it through a ``secretKeyRef``, so it needs no Secret access).
+the job's own ServiceAccount ``<job>-session``, whose Role lets it read its
+job and its pool, patch its job's status, read the job's task ConfigMap and
+post Events, and nothing else: every rule but the Events one names its
+objects (``resourceNames``), so one job's session cannot touch another's
+status (the worker token reaches it through a ``secretKeyRef``, so it needs
+no Secret access). The account, Role and RoleBinding are owned by the job and
+go with it.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -18,7 +23,15 @@ from typing import Any, cast
 
 import kopf
 
-from heddle.api import ENGINEPOOL_PLURAL, GROUP, LABEL_JOB, ROLLOUTJOB_PLURAL, RolloutJobSpec
+from heddle.api import (
+    ENGINEPOOL_PLURAL,
+    GROUP,
+    LABEL_JOB,
+    ROLLOUTJOB_PLURAL,
+    PodPolicy,
+    RolloutJobSpec,
+    check_session_policy,
+)
 from heddle.rollout import ALLOWED_HOSTS_ENV, GATEWAY_TOKEN_ENV, HostAllowList, SessionConfig
 
 from ._tokens import TOKEN_KEY, token_env
@@ -28,15 +41,18 @@ __all__ = [
     "LABEL_JOB",
     "SESSION_ACCOUNT",
     "SESSION_CONFIG_ENV",
+    "SESSION_LABEL",
     "SessionPodOptions",
     "gateway_objects",
     "gateway_secret_name",
     "gateway_url",
+    "session_account",
     "session_pod",
     "session_rbac",
 ]
 
-SESSION_ACCOUNT = "heddle-session"
+SESSION_ACCOUNT = "heddle-session"  # app.kubernetes.io/name of session pods and their RBAC
+SESSION_LABEL = {"app.kubernetes.io/name": SESSION_ACCOUNT}
 SESSION_CONFIG_ENV = "HEDDLE_SESSION_CONFIG"  # the control loop's knobs, JSON
 DEFAULT_SESSION_IMAGE = "ghcr.io/heddle-dev/heddle-operator:latest"
 TMP_VOLUME = "heddle-tmp"  # /tmp on a read-only root
@@ -48,15 +64,33 @@ DEFAULT_RESOURCES: dict[str, Any] = {
     "limits": {"memory": "4Gi"},
 }
 
-# What the session pod does through the API, and nothing more.
-SESSION_RULES: tuple[dict[str, Any], ...] = (
-    {"apiGroups": [GROUP], "resources": [ROLLOUTJOB_PLURAL, ENGINEPOOL_PLURAL],
-     "verbs": ["get", "list", "watch"]},
-    {"apiGroups": [GROUP], "resources": [f"{ROLLOUTJOB_PLURAL}/status"],
-     "verbs": ["get", "patch"]},
-    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
-)  # fmt: skip
+
+def session_rules(job: RolloutJobSpec) -> list[dict[str, Any]]:
+    """What ``job``'s session does through the API, and nothing more: its own job, its
+    pool, its task ConfigMap (by name), Events (RBAC cannot name those)."""
+    rules: list[dict[str, Any]] = [
+        {"apiGroups": [GROUP], "resources": [ROLLOUTJOB_PLURAL], "verbs": ["get"],
+         "resourceNames": [job.name]},
+        {"apiGroups": [GROUP], "resources": [f"{ROLLOUTJOB_PLURAL}/status"],
+         "verbs": ["get", "patch"], "resourceNames": [job.name]},
+        {"apiGroups": [GROUP], "resources": [ENGINEPOOL_PLURAL], "verbs": ["get"],
+         "resourceNames": [job.engine_pool]},
+    ]  # fmt: skip
+    if job.tasks.config_map is not None:
+        rules.append({"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"],
+                      "resourceNames": [job.tasks.config_map[0]]})  # fmt: skip
+    rules.append({"apiGroups": [""], "resources": ["events"], "verbs": ["create"]})
+    return rules
+
+
+def session_account(job: str) -> str:
+    """The job's own ServiceAccount (and Role, RoleBinding): ``<job>-session``, cut with a
+    digest where the job's name is too long for a name."""
+    name = f"{job}-session"
+    if len(name) <= 253:
+        return name
+    digest = hashlib.sha256(job.encode()).hexdigest()[:10]
+    return f"{job[:234].rstrip('-.')}-{digest}-session"
 
 
 @dataclass(frozen=True)
@@ -68,7 +102,8 @@ class SessionPodOptions:
     status_interval_s: float = 1.0
     metrics_port: int = 0  # the session's Prometheus port; 0: off
     session: SessionConfig = field(default_factory=SessionConfig)
-    tool_hosts: HostAllowList | None = None  # where tool calls may go; None: anywhere
+    tool_hosts: HostAllowList = field(default_factory=HostAllowList)  # empty: nowhere
+    policy: PodPolicy | None = None  # what spec.session may ask for (the operator's own)
 
 
 def _owner(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -81,12 +116,14 @@ def session_pod(
     """The pod that runs ``job``'s session (a fresh name each time: a replacement never
     waits for its predecessor's name)."""
     s = job.session
+    if options.policy is not None:
+        check_session_policy(job, options.policy, session_account(job.name))
     env: list[dict[str, Any]] = [
         token_env(job.engine_pool),
         {"name": SESSION_CONFIG_ENV, "value": json.dumps(asdict(options.session))},
+        # Always set: an empty list denies every tool host in the session too.
+        {"name": ALLOWED_HOSTS_ENV, "value": options.tool_hosts.text()},
     ]
-    if options.tool_hosts is not None:
-        env.append({"name": ALLOWED_HOSTS_ENV, "value": options.tool_hosts.text()})
     external = job.environment.type == "external"
     if external:  # the agents' token, from the job's own Secret (gateway_objects)
         env.append({"name": GATEWAY_TOKEN_ENV, "valueFrom": {"secretKeyRef": {
@@ -122,7 +159,7 @@ def session_pod(
     spec: dict[str, Any] = {
         "containers": [container],
         "restartPolicy": "Never",  # the operator replaces a failed session pod itself
-        "serviceAccountName": s.service_account_name or SESSION_ACCOUNT,
+        "serviceAccountName": s.service_account_name or session_account(job.name),
         # The operator image's user (Dockerfile, USER 10001); fsGroup lets it write the
         # job's output on volumes that honour it.
         "securityContext": {
@@ -141,7 +178,7 @@ def session_pod(
         "metadata": {
             "generateName": f"{job.name}-session-",
             "namespace": job.namespace,
-            "labels": {LABEL_JOB: job.name, "app.kubernetes.io/name": "heddle-session"},
+            "labels": {LABEL_JOB: job.name, **SESSION_LABEL},
             "ownerReferences": [_owner(job_body)],
         },
         "spec": spec,
@@ -179,20 +216,22 @@ def gateway_objects(
     return [("secrets", secret), ("services", service)]
 
 
-def session_rbac(namespace: str) -> list[tuple[str, dict[str, Any]]]:
-    """(plural, object) of the ServiceAccount, Role and RoleBinding of session pods."""
-    labels = {"app.kubernetes.io/name": "heddle-session", "app.kubernetes.io/managed-by": "heddle"}
-    meta = {"name": SESSION_ACCOUNT, "namespace": namespace, "labels": labels}
+def session_rbac(
+    job: RolloutJobSpec, job_body: Mapping[str, Any]
+) -> list[tuple[str, dict[str, Any]]]:
+    """(plural, object) of the job's ServiceAccount, Role and RoleBinding, owned by the job."""
+    name = session_account(job.name)
+    labels = {**SESSION_LABEL, "app.kubernetes.io/managed-by": "heddle", LABEL_JOB: job.name}
+    meta = {"name": name, "namespace": job.namespace, "labels": labels,
+            "ownerReferences": [_owner(job_body)]}  # fmt: skip
     rbac = "rbac.authorization.k8s.io/v1"
     return [
         ("serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}),
         ("roles", {"apiVersion": rbac, "kind": "Role", "metadata": meta,
-                   "rules": [dict(r) for r in SESSION_RULES]}),
+                   "rules": session_rules(job)}),
         ("rolebindings", {
             "apiVersion": rbac, "kind": "RoleBinding", "metadata": meta,
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                        "name": SESSION_ACCOUNT},
-            "subjects": [{"kind": "ServiceAccount", "name": SESSION_ACCOUNT,
-                          "namespace": namespace}],
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": job.namespace}],
         }),
     ]  # fmt: skip

@@ -191,7 +191,9 @@ async def _run(
 ) -> None:
     pool_body = await _wait_for_pool(kube, job, status, config.poll_s, config.settle_s)
     pool = EnginePoolSpec.from_manifest(pool_body)
-    local = resolve_job(job, pool, await _tasks(kube, job), config.base_dir)
+    local = resolve_job(
+        job, pool, await _tasks(kube, job), config.base_dir, tool_hosts=HostAllowList.from_env()
+    )
     perf = perf_model_for(pool)
     plan = await asyncio.to_thread(plan_pool, local, perf)  # mini-simulations
     planned: dict[str, Any] = {}

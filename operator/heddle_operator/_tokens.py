@@ -2,8 +2,11 @@
 
 The Secret ``<pool>-worker-token`` holds 32 random bytes (URL-safe base64,
 key ``token``) and is owned by the pool, so it goes when the pool goes. A
-Secret that already exists is used as it is: an admin may provision the token
-(e.g. from an external secret store) instead. Pods carry a digest of the token
+Secret of that name that already exists is used only if the pool owns it (a
+controller owner reference to the pool's uid): one someone else made would
+hand its author the token every worker and session of the pool trusts. An
+admin who provisions the token (e.g. from an external secret store) adds that
+owner reference. Pods carry a digest of the token
 in their spec hash, so a new token (the Secret deleted and made again)
 replaces the instances the way a spec change does.
 """
@@ -93,6 +96,11 @@ def _decoded(secret: Mapping[str, Any]) -> str | None:
     return token or None
 
 
+def _owned(obj: Mapping[str, Any], uid: str | None) -> bool:
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return uid is not None and any(r.get("uid") == uid and r.get("controller") for r in refs)
+
+
 @dataclass(frozen=True)
 class TokenState:
     """The pool's token, or why there is none (a sentence for the pool's Degraded condition)."""
@@ -129,6 +137,12 @@ async def ensure_worker_token(kube: KubeClient, pool_body: Mapping[str, Any]) ->
                     f"create it yourself with a key {TOKEN_KEY!r}"
                 ))  # fmt: skip
             secret = await kube.get(SECRETS, namespace, name)
+    if secret is not None and not _owned(secret, meta.get("uid")):
+        return TokenState(None, (
+            f"Secret {name} exists but the pool does not own it (no controller owner reference "
+            "to this EnginePool), so its token is not used: delete it and the operator makes "
+            "one, or add that owner reference (docs/security.md)"
+        ))  # fmt: skip
     token = None if secret is None else _decoded(secret)
     if token is None:
         return TokenState(None, (

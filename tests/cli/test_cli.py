@@ -205,7 +205,8 @@ def test_bad_tool_allow_list_stops_the_operator_with_a_sentence() -> None:
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "heddle: error: --tool-allowed-hosts entry 'http://10.0.0.1/x' is neither a host name "
-        "nor an IP network; give names (sandbox.rl.svc, *.tools.svc) or CIDRs (10.0.0.0/8), "
+        "nor an IP network; give names (sandbox.rl.svc, *.tools.svc), CIDRs (10.0.0.0/8) or * "
+        "for any host, "
         "comma-separated"
     )
 
@@ -219,3 +220,13 @@ def test_bench_gateway_measures_overhead_and_calls_per_second(tmp_path: Path) ->
     assert data["median_direct_step_ms"] > 0 and data["median_gateway_call_ms"] > 0
     assert data["median_calls_per_s"] > 1 and data["concurrency"] == 4
     assert "overhead" in result.stdout and "calls/s" in result.stdout
+
+
+def test_an_unknown_pod_policy_exemption_stops_the_operator_with_a_sentence() -> None:
+    result = run("operator", "--pod-allow", "hostPath,everything")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "heddle: error: pod policy exemption(s) ['everything'] unknown; choose from "
+        "['hostNetwork', 'hostPath', 'secretVolumes', 'serviceAccountToken', 'otherVolumes', "
+        "'capabilities']"
+    )

@@ -134,6 +134,11 @@ class ApiServer(kmock.KubernetesEmulator):  # type: ignore[misc]
                 namespaced=True,
                 verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
             )
+        self.resources["networking.k8s.io/v1/networkpolicies"] = kmock.ResourceInfo(
+            kind="NetworkPolicy",
+            namespaced=True,
+            verbs={"get", "list", "watch", "create", "update", "patch", "delete"},
+        )
 
     def _stored(self, request: Any) -> Any:
         key = (request.resource, request.namespace, request.name)

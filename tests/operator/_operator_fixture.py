@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import httpx
 import kmock
 
+from heddle.api import DEFAULT_ALLOWED_IMAGES, PodPolicy
 from heddle.operator import OperatorConfig, run_operator
 from heddle.rollout import SessionConfig
 
@@ -30,6 +31,8 @@ FAST = OperatorConfig(
     session_metrics_port=0,  # many session processes on one host: no fixed port
     job_poll_s=0.3,
     session=SessionConfig(replan_interval_s=0.5, health_interval_s=0.3, unhealthy_after=2),
+    # An admin who allowed a registry that cannot be reached (the image-pull test).
+    pod_policy=PodPolicy(allowed_images=(*DEFAULT_ALLOWED_IMAGES, "unpullable.invalid/")),
 )
 
 

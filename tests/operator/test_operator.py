@@ -342,7 +342,7 @@ async def test_spec_change_rolls_pods_one_at_a_time(
 
         (old,) = await wait_for(hashes, 60, "three ready pods")
         seen_at_once: list[int] = []
-        await c.patch("enginepools", "p", {"spec": {"image": "registry/worker:2"}})
+        await c.patch("enginepools", "p", {"spec": {"image": "ghcr.io/heddle-dev/heddle-worker:2"}})
 
         async def rolled() -> bool:
             pods = await c.list("pods")
@@ -361,5 +361,7 @@ async def test_spec_change_rolls_pods_one_at_a_time(
         assert max(seen_at_once) <= 1, seen_at_once
         assert max(c.kubelet.budget_log) <= 3
         pods = await c.list("pods")
-        assert {p["spec"]["containers"][0]["image"] for p in pods} == {"registry/worker:2"}
+        assert {p["spec"]["containers"][0]["image"] for p in pods} == {
+            "ghcr.io/heddle-dev/heddle-worker:2"
+        }
     _no_errors(caplog)

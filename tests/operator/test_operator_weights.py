@@ -20,11 +20,20 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+def _mounted(folder: Path) -> dict[str, Any]:
+    """The pool's checkpoint volume, mounted where the test writes checkpoints: the
+    workers load in place only under their volumes' mount paths (docs/security.md)."""
+    return {
+        "volumes": [{"name": "ckpt", "persistentVolumeClaim": {"claimName": "ckpt"}}],
+        "volumeMounts": [{"name": "ckpt", "mountPath": str(folder)}],
+    }
+
+
 async def test_the_pool_serves_the_jobs_version_and_shows_it_per_instance(tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
     checkpoint = fake_checkpoint(tmp_path / "step-3")
     async with cluster(tmp_path) as c:
-        await c.apply(pool("p", 2, [{"tp": 1, "replicas": 2}]))
+        await c.apply(pool("p", 2, [{"tp": 1, "replicas": 2}], **_mounted(tmp_path)))
         await c.apply(job("j", "p", out, weights={"path": checkpoint, "version": 3}))
         obj = await _finished(c, "j")
         assert obj["status"]["phase"] == "Succeeded", obj["status"]
@@ -49,7 +58,7 @@ async def test_a_checkpoint_that_does_not_load_fails_the_job_naming_path_and_cau
     out = tmp_path / "out.jsonl"
     missing = tmp_path / "nope"
     async with cluster(tmp_path) as c:
-        await c.apply(pool("p", 1, [{"tp": 1, "replicas": 1}]))
+        await c.apply(pool("p", 1, [{"tp": 1, "replicas": 1}], **_mounted(tmp_path)))
         await c.apply(job("j", "p", out, weights={"path": str(missing), "version": "v2"}))
         obj = await _finished(c, "j")
         assert obj["status"]["phase"] == "Failed"

@@ -55,7 +55,7 @@ def test_the_session_pod_runs_heddle_session_for_its_job_owned_by_it() -> None:
         JOB["metadata"]["uid"],
     )
     spec = pod["spec"]
-    assert spec["restartPolicy"] == "Never" and spec["serviceAccountName"] == SESSION_ACCOUNT
+    assert spec["restartPolicy"] == "Never" and spec["serviceAccountName"] == "j-session"
     assert spec["securityContext"]["runAsNonRoot"] is True
     (container,) = spec["containers"]
     assert container["image"] == "registry/heddle:1"
@@ -67,7 +67,8 @@ def test_the_session_pod_runs_heddle_session_for_its_job_owned_by_it() -> None:
     assert env["HEDDLE_WORKER_TOKEN"]["valueFrom"]["secretKeyRef"] == {
         "name": "p-worker-token", "key": "token",
     }  # fmt: skip
-    assert "HEDDLE_TOOL_ALLOWED_HOSTS" not in env
+    # Always passed on: an empty list denies every tool host in the session as well.
+    assert env["HEDDLE_TOOL_ALLOWED_HOSTS"] == {"name": "HEDDLE_TOOL_ALLOWED_HOSTS", "value": ""}
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["resources"]["limits"]["memory"] == "4Gi"  # a default when none is given
 
@@ -111,26 +112,34 @@ def test_a_bad_session_config_is_one_sentence() -> None:
 
 
 def test_the_session_role_grants_what_a_session_does_and_no_secrets() -> None:
-    objects = dict(session_rbac("rl"))
-    assert objects["serviceaccounts"]["metadata"] == {
-        "name": SESSION_ACCOUNT, "namespace": "rl",
-        "labels": {"app.kubernetes.io/name": "heddle-session",
-                   "app.kubernetes.io/managed-by": "heddle"},
-    }  # fmt: skip
+    job = RolloutJobSpec.from_manifest(JOB)
+    objects = dict(session_rbac(job, JOB))
+    meta = objects["serviceaccounts"]["metadata"]
+    assert (meta["name"], meta["namespace"]) == ("j-session", "rl")
+    assert meta["labels"] == {"app.kubernetes.io/name": SESSION_ACCOUNT,
+                              "app.kubernetes.io/managed-by": "heddle", LABEL_JOB: "j"}  # fmt: skip
+    assert meta["ownerReferences"][0]["uid"] == JOB["metadata"]["uid"]  # goes with the job
     rules = objects["roles"]["rules"]
-    granted = {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]
-               for v in rule["verbs"]}  # fmt: skip
+    granted = {
+        (g, r, v, tuple(rule.get("resourceNames", ())))
+        for rule in rules
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    pool = job.engine_pool
+    # Every rule but Events names its objects: one job's session cannot patch another's status.
     assert granted == {
-        ("heddle.dev", "rolloutjobs", "get"), ("heddle.dev", "rolloutjobs", "list"),
-        ("heddle.dev", "rolloutjobs", "watch"), ("heddle.dev", "enginepools", "get"),
-        ("heddle.dev", "enginepools", "list"), ("heddle.dev", "enginepools", "watch"),
-        ("heddle.dev", "rolloutjobs/status", "get"), ("heddle.dev", "rolloutjobs/status", "patch"),
-        ("", "configmaps", "get"), ("", "events", "create"),
+        ("heddle.dev", "rolloutjobs", "get", ("j",)),
+        ("heddle.dev", "rolloutjobs/status", "get", ("j",)),
+        ("heddle.dev", "rolloutjobs/status", "patch", ("j",)),
+        ("heddle.dev", "enginepools", "get", (pool,)),
+        ("", "events", "create", ()),
     }  # fmt: skip
     binding = objects["rolebindings"]
-    assert binding["roleRef"]["name"] == SESSION_ACCOUNT
+    assert binding["roleRef"]["name"] == "j-session"
     assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": SESSION_ACCOUNT, "namespace": "rl"}
+        {"kind": "ServiceAccount", "name": "j-session", "namespace": "rl"}
     ]
 
 

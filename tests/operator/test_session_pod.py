@@ -51,7 +51,7 @@ async def test_the_session_runs_in_a_pod_of_its_own_with_least_privilege(tmp_pat
         assert pod["metadata"]["ownerReferences"][0]["uid"] == obj["metadata"]["uid"]
         assert pod["metadata"]["ownerReferences"][0]["kind"] == "RolloutJob"
         spec = pod["spec"]
-        assert spec["serviceAccountName"] == "heddle-session"
+        assert spec["serviceAccountName"] == "j-session"  # the job's own account
         assert spec["restartPolicy"] == "Never"
         (container,) = spec["containers"]
         assert container["command"][:6] == ["heddle", "session", "--namespace", "default",
@@ -59,20 +59,20 @@ async def test_the_session_runs_in_a_pod_of_its_own_with_least_privilege(tmp_pat
         token = {e["name"]: e for e in container["env"]}["HEDDLE_WORKER_TOKEN"]
         assert token["valueFrom"]["secretKeyRef"] == {"name": "p-worker-token", "key": "token"}
         assert _condition(obj, "SessionReady")["status"] == "True"
-        # The account's Role: read jobs and pools, patch jobs' status; no Secrets at all.
+        # The account's Role: read its job and pool, patch its job's status; no Secrets.
         role = await c.http.get("/apis/rbac.authorization.k8s.io/v1/namespaces/default/"
-                                "roles/heddle-session")  # fmt: skip
+                                "roles/j-session")  # fmt: skip
         rules = role.json()["rules"]
         assert not any("secrets" in r["resources"] for r in rules), rules
         assert {"apiGroups": ["heddle.dev"], "resources": ["rolloutjobs/status"],
-                "verbs": ["get", "patch"]} in rules  # fmt: skip
+                "verbs": ["get", "patch"], "resourceNames": ["j"]} in rules  # fmt: skip
         assert all("*" not in r["verbs"] and "delete" not in r["verbs"] for r in rules)
         binding = await c.http.get("/apis/rbac.authorization.k8s.io/v1/namespaces/default/"
-                                   "rolebindings/heddle-session")  # fmt: skip
+                                   "rolebindings/j-session")  # fmt: skip
         assert binding.json()["subjects"] == [
-            {"kind": "ServiceAccount", "name": "heddle-session", "namespace": "default"}
+            {"kind": "ServiceAccount", "name": "j-session", "namespace": "default"}
         ]
-        account = await c.http.get("/api/v1/namespaces/default/serviceaccounts/heddle-session")
+        account = await c.http.get("/api/v1/namespaces/default/serviceaccounts/j-session")
         assert account.status_code == 200
 
 

@@ -101,29 +101,24 @@ async def test_a_pod_whose_secret_is_missing_is_reported_until_an_admin_provides
 
         async def degraded() -> dict[str, Any] | None:
             cond = _condition(await c.get("enginepools", "p"), "Degraded")
-            message = cond.get("message", "")
-            return cond if cond.get("status") == "True" and "cannot start" in message else None
+            return cond if cond and cond.get("reason") == "WorkerTokenMissing" else None
 
         cond = await wait_for(degraded, 60, "Degraded naming the missing Secret")
-        assert cond["reason"] == "WorkerTokenMissing"
         assert "cannot create Secret p-worker-token" in cond["message"]
         assert "forbidden" in cond["message"]
-        assert (
-            'p-tp1-0: secret "p-worker-token" not found (CreateContainerConfigError)'
-            in (cond["message"])
-        )
-        pod = await c.get("pods", "p-tp1-0")
-        assert pod is not None
-        assert pod["status"]["phase"] == "Pending"
-        events = [
-            e for e in await c.list("events")
-            if e["involvedObject"]["name"] == "p-tp1-0" and e["type"] == "Warning"
-        ]  # fmt: skip
-        assert [e["message"] for e in events] == ['Error: secret "p-worker-token" not found']
+        # No instance without the pool's own token: a pod would start with whatever Secret
+        # someone else later put under that name (docs/security.md).
+        await asyncio.sleep(1.0)
+        assert await c.get("pods", "p-tp1-0") is None
 
-        # An admin provisions the token (e.g. from a secret store): the pool uses it.
+        # An admin provisions the token (e.g. from a secret store), owned by the pool (a
+        # controller reference to its uid): the pool uses it.
+        uid = (await c.get("enginepools", "p"))["metadata"]["uid"]
+        owner = {"apiVersion": "heddle.dev/v1alpha1", "kind": "EnginePool", "name": "p",
+                 "uid": uid, "controller": True}  # fmt: skip
         secret = {
-            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "p-worker-token"},
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "p-worker-token", "ownerReferences": [owner]},
             "data": {"token": base64.b64encode(b"admin-made-token").decode()},
         }  # fmt: skip
         reply = await c.http.post(

@@ -25,7 +25,7 @@ import jsonschema
 import pytest
 import yaml
 
-from heddle.api import EnginePoolSpec, RolloutJobSpec
+from heddle.api import EnginePoolSpec, PodPolicy, RolloutJobSpec
 from heddle.operator import (
     WORKER_PORT,
     SessionPodOptions,
@@ -33,6 +33,7 @@ from heddle.operator import (
     instance_name,
     session_pod,
     session_rbac,
+    worker_network_policy,
     worker_pod,
 )
 from heddle.rollout import ALLOWED_HOSTS_ENV, HostAllowList
@@ -76,6 +77,16 @@ KUBE_VERSIONS = (_oldest_supported(), latest_version())
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "watchNamespaces": {"watchNamespaces": ["rl", "rl-staging"]},
+    "clusterWide": {"clusterWide": True, "workerNetworkPolicy": {"namespaces": ["rl"]}},
+    "podPolicy": {
+        "operator": {
+            "podPolicy": {
+                "allowedImages": ["registry.example.com/rl/"],
+                "serviceAccounts": ["puller"],
+                "allow": ["hostPath"],
+            }
+        }
+    },
     "no-cluster-scan": {"operator": {"scanCluster": False}},
     "existing-serviceAccount": {"serviceAccount": {"create": False, "name": "rl-operator"}},
     "no-metrics-service": {"metrics": {"service": False}},
@@ -317,7 +328,8 @@ def test_resource_names_follow_helms_fullname(
     names = {(o["kind"], o["metadata"]["name"]) for o in objects}
     assert ("Deployment", fullname) in names
     assert ("ServiceAccount", fullname) in names
-    assert ("ClusterRole", fullname) in names
+    assert ("Role", fullname) in names  # namespaced by default (docs/security.md)
+    assert ("ClusterRole", fullname) not in names
     assert ("Service", f"{fullname}-metrics") in names
     assert not [n for _, n in names if "heddle-heddle" in n]
 
@@ -353,7 +365,7 @@ def test_worker_network_policy_admits_only_the_operator_and_the_named_scrapers()
     # watchNamespaces and workerNetworkPolicy.namespaces, each once
     assert sorted(p["metadata"]["namespace"] for p in policies) == ["rl", "rl-staging", "tenant-b"]
     operator_pod = _one(_rendered("workerNetworkPolicy"), "Deployment")["spec"]["template"]
-    (worker, _) = worker_objects()
+    worker = worker_objects()[0]
     for policy in policies:
         spec = policy["spec"]
         selected = spec["podSelector"]["matchLabels"]
@@ -383,7 +395,35 @@ def test_worker_network_policy_admits_only_the_operator_and_the_named_scrapers()
     ]
     assert len(plain["spec"]["ingress"]) == 2
     assert _worker_policies("no-workerNetworkPolicy") == []
-    assert _worker_policies("defaults") == []
+    # The default install is namespaced to the release's namespace, and covers it.
+    assert [p["metadata"]["namespace"] for p in _worker_policies("defaults")] == [NAMESPACE]
+
+
+def test_default_rbac_is_namespaced_and_cluster_wide_is_an_opt_in() -> None:
+    def rules(name: str, kind: str) -> list[dict[str, Any]]:
+        return [r for o in _rendered(name) if o["kind"] == kind for r in o["rules"]]
+
+    cluster_secrets = [r for r in rules("defaults", "ClusterRole") if "secrets" in r["resources"]]
+    assert cluster_secrets == []  # no Secret access outside the watched namespaces
+    roles = [o for o in _rendered("defaults") if o["kind"] == "Role"]
+    assert [r["metadata"]["namespace"] for r in roles] == [NAMESPACE]
+    args = _one(_rendered("defaults"), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert f"--namespace={NAMESPACE}" in args["args"]
+    assert any("secrets" in r["resources"] for r in rules("clusterWide", "ClusterRole"))
+
+
+def test_pod_policy_values_reach_the_operator() -> None:
+    def env(name: str) -> dict[str, str]:
+        deployment = _one(_rendered(name), "Deployment")
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e["value"] for e in container["env"]}
+
+    policy = PodPolicy.from_env(env("podPolicy"))
+    assert policy.image_allowed("registry.example.com/rl/worker:1")
+    assert policy.image_allowed("ghcr.io/heddle-dev/heddle-operator:0.1.0")  # its own
+    assert policy.service_accounts == {"puller"} and policy.allow == {"hostPath"}
+    default = PodPolicy.from_env(env("defaults"))
+    assert default.allow == frozenset() and not default.image_allowed("docker.io/evil:1")
 
 
 def test_tool_allowed_hosts_reach_the_operator_as_its_allow_list() -> None:
@@ -392,9 +432,9 @@ def test_tool_allowed_hosts_reach_the_operator_as_its_allow_list() -> None:
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         return {e["name"]: e["value"] for e in container["env"]}
 
-    assert ALLOWED_HOSTS_ENV not in env("defaults")  # empty list: any host, as before
+    # Always set: empty denies every host (deny by default, docs/security.md).
+    assert HostAllowList.parse(env("defaults")[ALLOWED_HOSTS_ENV]).empty
     allowed = HostAllowList.parse(env("toolAllowedHosts")[ALLOWED_HOSTS_ENV])
-    assert allowed is not None
     assert allowed.allows("sandbox.tools.svc") and allowed.allows("10.20.3.4")
     assert not allowed.allows("169.254.169.254") and not allowed.allows("example.com")
     with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmValuesError):
@@ -513,8 +553,9 @@ def worker_objects() -> list[dict[str, Any]]:
     pool = EnginePoolSpec.from_manifest(body)
     tp = max(pool.tensor_parallel_sizes)
     return [
-        worker_pod(pool, body, instance_name(pool.name, tp, 0), tp),
+        worker_pod(pool, body, instance_name(pool.name, tp, 0), tp, policy=PodPolicy()),
         headless_service(pool, body),
+        worker_network_policy(pool, body),
     ]
 
 
@@ -524,10 +565,12 @@ def session_objects() -> list[dict[str, Any]]:
     body = yaml.safe_load((ROOT / "examples" / "paper" / "job-coding.yaml").read_text())
     body["metadata"]["uid"] = "0b6f4c1e-2d3a-4e5f-8a9b-1c2d3e4f5a6b"
     job = RolloutJobSpec.from_manifest(body)
-    options = SessionPodOptions(image="ghcr.io/heddle-dev/heddle-operator:0.1.0", metrics_port=9090)
+    options = SessionPodOptions(
+        image="ghcr.io/heddle-dev/heddle-operator:0.1.0", metrics_port=9090, policy=PodPolicy()
+    )
     pod = session_pod(job, body, options)
     pod["metadata"]["name"] = pod["metadata"]["generateName"] + "x7k2p"
-    return [pod, *(obj for _, obj in session_rbac(job.namespace))]
+    return [pod, *(obj for _, obj in session_rbac(job, body))]
 
 
 def test_session_pod_and_its_rbac_are_valid_kubernetes() -> None:

@@ -126,7 +126,9 @@ def test_tool_hosts_allow_list_matches_names_suffixes_and_networks() -> None:
         assert allowed.allows(host), host
     for host in ("evil.svc", "tools.svc", "10.21.0.1", "169.254.169.254", "2130706433", "127.1"):
         assert not allowed.allows(host), host
-    assert HostAllowList.parse(" , ") is None  # empty: no limit
+    assert HostAllowList.parse(" , ").empty  # empty: no host at all (deny by default)
+    assert not HostAllowList.parse(" , ").allows("127.0.0.1")
+    assert HostAllowList.parse("*").allows("169.254.169.254")  # the admin's opt-out
     with pytest.raises(ConfigError, match=r"entry 'http://x' is neither a host name nor an IP"):
         HostAllowList.parse("http://x")
 
@@ -134,7 +136,7 @@ def test_tool_hosts_allow_list_matches_names_suffixes_and_networks() -> None:
 def test_tool_url_outside_the_allow_list_is_refused_with_a_sentence() -> None:
     allowed = HostAllowList.parse("127.0.0.0/8,calc.tools.svc")
     check_tool_hosts(_tools_job("http://127.0.0.1:9/a", "https://calc.tools.svc/b"), allowed)
-    check_tool_hosts(_tools_job("http://169.254.169.254/latest"), None)  # no list: anywhere
+    check_tool_hosts(_tools_job("http://169.254.169.254/latest"), HostAllowList.parse("*"))
     with pytest.raises(ManifestError) as err:
         check_tool_hosts(_tools_job("http://127.0.0.1/a", "http://169.254.169.254/x"), allowed)
     assert str(err.value) == (

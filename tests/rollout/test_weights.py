@@ -61,9 +61,13 @@ def test_the_crd_takes_weights_with_a_string_or_integer_version() -> None:
         validate("rolloutjobs", _with(JOB, "spec.weights", {"version": 3}))
 
 
-def test_heddle_run_resolves_a_relative_checkpoint_against_the_job_file(tmp_path: Path) -> None:
+def test_heddle_run_resolves_a_relative_checkpoint_against_the_job_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import yaml
 
+    # The job's tool is at host "s": heddle run allows loopback only unless told more.
+    monkeypatch.setenv("HEDDLE_TOOL_ALLOWED_HOSTS", "s")
     pool = {**JOB, "kind": "EnginePool", "metadata": {"name": "p"}}
     pool["spec"] = {"model": "sim", "gpus": 1, "tensorParallelSizes": [1]}
     job = _with(JOB, "spec.weights", {"path": "ckpt/step-1", "version": 1})
@@ -180,4 +184,8 @@ def test_a_worker_that_refuses_the_token_is_not_asked_to_load_again(
         if line.startswith("heddle_worker_requests_total") and 'status="401"' in line
     ]  # fmt: skip
     # One refused load; before, its open /readyz had it asked again every health round.
-    assert refused == ['heddle_worker_requests_total{route="POST unmatched",status="401"} 1.0']
+    # The two DELETEs are the session's purges of its job's contexts, at its start and end.
+    assert sorted(refused) == [
+        'heddle_worker_requests_total{route="DELETE unmatched",status="401"} 2.0',
+        'heddle_worker_requests_total{route="POST unmatched",status="401"} 1.0',
+    ]

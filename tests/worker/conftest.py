@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import replace
+from typing import Any
 
 import httpx
 import pytest
@@ -25,9 +26,12 @@ def sim_perf(batch_cap: int = 100) -> PerfModel:
 
 
 @asynccontextmanager
-async def worker(engine: Engine, *, grace_s: float = 5.0) -> AsyncIterator[httpx.AsyncClient]:
-    """The worker app with its lifespan running, reached over ASGI by an httpx client."""
-    app = create_app(engine, grace_s=grace_s)
+async def worker(
+    engine: Engine, *, grace_s: float = 5.0, **options: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The worker app with its lifespan running, reached over ASGI by an httpx client;
+    ``options`` go to create_app (weights_roots, max_resident, ...)."""
+    app = create_app(engine, grace_s=grace_s, **options)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://worker") as client:

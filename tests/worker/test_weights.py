@@ -87,7 +87,7 @@ async def test_sim_worker_loads_a_version_reports_it_and_refuses_a_missing_path(
     tmp_path: Path,
 ) -> None:
     path = fake_checkpoint(tmp_path / "step-1")
-    async with worker(sim()) as client:
+    async with worker(sim(), weights_roots=(str(tmp_path),)) as client:
         before = (await client.get("/v1/state")).json()
         assert before["weight_version"] is None and before["weights_path"] == "sim"
         early = await client.post(
@@ -128,7 +128,7 @@ async def test_a_load_waits_for_steps_in_flight_and_refuses_new_ones_meanwhile(
 ) -> None:
     path = fake_checkpoint(tmp_path / "v2")
     engine = sim()
-    async with worker(engine) as client:
+    async with worker(engine, weights_roots=(str(tmp_path),)) as client:
         # 2,000 tokens take a while even at 1/100 of the model's time: in flight during the load.
         long = asyncio.create_task(
             client.post("/v1/trajectories/long/generate", json=step([1] * 10, max_tokens=2000))
@@ -159,7 +159,8 @@ class _LoadableStuckEngine(StuckEngine):
 async def test_a_step_still_running_after_the_grace_is_refused_with_a_clear_503(
     tmp_path: Path,
 ) -> None:
-    async with worker(_LoadableStuckEngine(), grace_s=0.2) as client:
+    roots = ("/ckpt",)
+    async with worker(_LoadableStuckEngine(), grace_s=0.2, weights_roots=roots) as client:
         stuck = asyncio.create_task(client.post("/v1/trajectories/t/generate", json=step([1])))
         await asyncio.sleep(0.05)
         loaded = await client.post("/v1/weights", json={"path": "/ckpt", "version": "9"})
@@ -171,7 +172,7 @@ async def test_a_step_still_running_after_the_grace_is_refused_with_a_clear_503(
 
 @pytest.mark.anyio
 async def test_an_engine_without_in_place_loading_says_so() -> None:
-    async with worker(StuckEngine()) as client:
+    async with worker(StuckEngine(), weights_roots=("/ckpt",)) as client:
         answer = await client.post("/v1/weights", json={"path": "/ckpt", "version": "1"})
         assert answer.status_code == 422
         assert "the stuck engine cannot load weights in place" in answer.json()["error"]

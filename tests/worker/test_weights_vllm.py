@@ -34,7 +34,7 @@ def swap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[s
     }
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start_worker(paths["a"], port)
+    proc = start_worker(paths["a"], port, f"--weights-root={root}")
     try:
         wait_ready(proc, url)
         yield url, paths

@@ -35,3 +35,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "heddle.serviceAccount" -}}
 {{- default (include "heddle.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}
+
+{{- /*
+The namespaces a namespaced install watches: watchNamespaces, or the release's own
+when none are listed. Empty (cluster-wide) only with clusterWide: true.
+*/ -}}
+{{- define "heddle.namespaces" -}}
+{{- if .Values.clusterWide -}}
+{{- toJson (list) -}}
+{{- else if .Values.watchNamespaces -}}
+{{- toJson .Values.watchNamespaces -}}
+{{- else -}}
+{{- toJson (list .Release.Namespace) -}}
+{{- end -}}
+{{- end -}}
