@@ -42,7 +42,7 @@ from heddle.worker import WorkerEndpoint
 from .._rollout_fixtures import read_records
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKLOAD = load_workload(str(ROOT / "examples" / "quickstart" / "workload.yaml"))
+WORKLOAD = load_workload(str(ROOT / "examples" / "synthetic" / "workload.yaml"))
 PERF = PerfModel(MODEL_PRESETS["qwen3-8b"], HARDWARE_PRESETS["h100-sxm"])
 FAST = SessionConfig(replan_interval_s=0.3, health_interval_s=0.2, unhealthy_after=2)
 
