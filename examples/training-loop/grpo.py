@@ -194,6 +194,9 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
     options = LocalWorkerOptions(
         model=str(model_dir),
         max_model_len=1024,
+        # The workers load in place only under their weights roots: the starting weights
+        # (iteration 0) and the folder this loop saves its checkpoints in.
+        weights_roots=(str(model_dir), str(args.out / "ckpt")),
         log_dir=args.out / "logs",
         startup_timeout_s=900.0,  # a shared 2-core machine can take minutes to start vLLM
     )
