@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from heddle.api import ALLOWED_IMAGES_ENV, ALLOWED_SERVICE_ACCOUNTS_ENV, POD_ALLOW_ENV
 from heddle.rollout import DATA_ROOT
 
 if TYPE_CHECKING:
@@ -258,21 +259,21 @@ def add_operator_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--allowed-images",
-        default=os.environ.get("HEDDLE_ALLOWED_IMAGES", ""),
+        default=os.environ.get(ALLOWED_IMAGES_ENV, ""),
         metavar="LIST",
         help="images pools and jobs may run: 'registry/' prefixes, repositories or images, "
         "comma-separated; '*': any (default: $HEDDLE_ALLOWED_IMAGES, else ghcr.io/heddle-dev/)",
     )
     p.add_argument(
         "--allowed-service-accounts",
-        default=os.environ.get("HEDDLE_ALLOWED_SERVICE_ACCOUNTS", ""),
+        default=os.environ.get(ALLOWED_SERVICE_ACCOUNTS_ENV, ""),
         metavar="LIST",
         help="ServiceAccounts a job's session or a pool's pod template may name besides the "
         "namespace's default (default: $HEDDLE_ALLOWED_SERVICE_ACCOUNTS)",
     )
     p.add_argument(
         "--pod-allow",
-        default=os.environ.get("HEDDLE_POD_ALLOW", ""),
+        default=os.environ.get(POD_ALLOW_ENV, ""),
         metavar="LIST",
         help="pod fields tenants may use that are refused by default: hostNetwork, hostPath, "
         "secretVolumes, serviceAccountToken, otherVolumes, capabilities "
