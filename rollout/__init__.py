@@ -104,6 +104,7 @@ from ._progress import (
 from ._record import (
     TrajectoryRun,
 )
+from ._replies import MAX_REPLY_BYTES, read_capped, transport_cause
 from ._reward_stats import read_output_records, reward_stats
 from ._rewards import (
     AnswerReward,
@@ -121,10 +122,12 @@ from ._run import (
     LocalJob,
     PoolPlan,
     ProgressPrinter,
+    build_environment,
     build_session,
     gateway_file,
     job_workload,
     perf_model_for,
+    plan_pool,
     prepare_job,
     prepare_manifests,
     read_job_tasks,
@@ -149,15 +152,7 @@ from ._tasks import (
     parse_task,
     read_tasks,
 )
-from ._tools import (
-    MAX_REPLY_BYTES,
-    HermesParser,
-    ToolCall,
-    ToolCallParser,
-    ToolsEnvironment,
-    read_capped,
-    transport_cause,
-)
+from ._tools import HermesParser, ToolCallParser, ToolInvocation, ToolsEnvironment
 from ._weights import (
     WeightsKeeper,
 )
@@ -219,13 +214,14 @@ __all__ = [
     "Task",
     "TaskSet",
     "TokenRate",
-    "ToolCall",
     "ToolCallParser",
+    "ToolInvocation",
     "ToolsEnvironment",
     "TrajectoryRun",
     "TrajectoryStatus",
     "WeightsKeeper",
     "all_same",
+    "build_environment",
     "build_session",
     "check_record",
     "check_tool_hosts",
@@ -255,6 +251,7 @@ __all__ = [
     "parquet_rows",
     "parse_task",
     "perf_model_for",
+    "plan_pool",
     "prepare_job",
     "prepare_manifests",
     "read_capped",

@@ -14,17 +14,11 @@ import asyncio
 import contextlib
 from urllib.parse import urlsplit
 
+from heddle.exceptions import HttpError, HttpTimeoutError
+
 __all__ = ["HttpError", "HttpPool", "HttpTimeoutError"]
 
 _MAX_HEADER_BYTES = 64 * 1024
-
-
-class HttpError(Exception):
-    """The exchange failed below HTTP: connection refused, reset, or a malformed reply."""
-
-
-class HttpTimeoutError(HttpError):
-    """No complete reply within the timeout."""
 
 
 class _Connection:
