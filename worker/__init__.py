@@ -23,7 +23,7 @@ from ._environment import (
     probe_vllm_import,
     vllm_environment_checks,
 )
-from ._http import HttpError, HttpPool, HttpTimeoutError
+from ._http import KEEP_ALIVE_S, HttpError, HttpPool, HttpTimeoutError
 from ._models import NAMED_MODELS, TINY, TINY_DIR, named_model_dir
 from ._resident import (
     DEFAULT_MAX_RESIDENT,
@@ -63,6 +63,7 @@ __all__ = [
     "DEFAULT_RESIDENT_TTL_S",
     "DEFAULT_WORKER_ARGS",
     "FIELD_RANGES",
+    "KEEP_ALIVE_S",
     "MAX_BODY_BYTES",
     "NAMED_MODELS",
     "OPEN_PATHS",
