@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from heddle.exceptions import ConfigError, ManifestError
-from heddle.scheduler import POLICIES, SAMPLING_LIMITS, SIMULATION_ONLY, PoolShape, check_tp_sizes
+from heddle.scheduler import (
+    POLICIES,
+    SAMPLING_DEFAULTS,
+    SAMPLING_LIMITS,
+    SIMULATION_ONLY,
+    PoolShape,
+    check_tp_sizes,
+)
 from heddle.worker import TOOL_PARSERS, tool_schema_error
 
 from ._fields import Fields
@@ -89,7 +96,7 @@ def check_trajectories(tasks: int, samples_per_task: int, where: str) -> None:
 
 def _engine_args(items: list[Any], where: str) -> tuple[str, ...]:
     """Each ``name=value``, checked when the pool is applied rather than when a pod starts."""
-    from heddle.worker._vllm_engine import parse_engine_arg  # noqa: PLC0415 - the worker's rule
+    from heddle.worker import parse_engine_arg  # noqa: PLC0415 - the worker's rule
 
     for i, item in enumerate(items):
         if isinstance(item, str) and _SECRET_ARG.match(item):
@@ -204,30 +211,39 @@ def _shape(f: Fields, sizes: tuple[int, ...], gpus: int) -> PoolShape | None:
 
 @dataclass(frozen=True)
 class SamplingSpec:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens_per_turn: int = 1024  # output tokens of one LLM step at most
-    max_total_tokens: int = 8192  # output tokens of a whole trajectory at most
+    """``spec.sampling``; the defaults are :data:`heddle.scheduler.SAMPLING_DEFAULTS`."""
+
+    temperature: float = SAMPLING_DEFAULTS.temperature
+    top_p: float = SAMPLING_DEFAULTS.top_p
+    max_tokens_per_turn: int = SAMPLING_DEFAULTS.max_tokens_per_turn  # one LLM step at most
+    max_total_tokens: int = SAMPLING_DEFAULTS.max_total_tokens  # a whole trajectory at most
     logprobs: bool = False  # record the sampled tokens' logprobs in the output
     seed: int | None = None  # per-trajectory seeds derive from it when set
 
 
 def _sampling(s: Fields) -> SamplingSpec:
     """Sampling within the engine's ranges: out of them, vLLM fails every step (issue 11)."""
-    lim = SAMPLING_LIMITS
+    lim, default = SAMPLING_LIMITS, SAMPLING_DEFAULTS
     sampling = SamplingSpec(
         temperature=s.number(
-            "temperature", 1.0, minimum=lim.temperature_min, maximum=lim.temperature_max
+            "temperature",
+            default.temperature,
+            minimum=lim.temperature_min,
+            maximum=lim.temperature_max,
         ),
         top_p=s.number(
             "topP",
-            1.0,
+            default.top_p,
             minimum=lim.top_p_exclusive_min,
             maximum=lim.top_p_max,
             exclusive_minimum=True,
         ),
-        max_tokens_per_turn=s.integer("maxTokensPerTurn", 1024, minimum=lim.max_tokens_min),
-        max_total_tokens=s.integer("maxTotalTokens", 8192, minimum=lim.max_tokens_min),
+        max_tokens_per_turn=s.integer(
+            "maxTokensPerTurn", default.max_tokens_per_turn, minimum=lim.max_tokens_min
+        ),
+        max_total_tokens=s.integer(
+            "maxTotalTokens", default.max_total_tokens, minimum=lim.max_tokens_min
+        ),
         logprobs=s.boolean("logprobs", False),
         seed=(
             s.integer("seed", minimum=lim.seed_min, maximum=lim.seed_max)

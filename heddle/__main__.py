@@ -2,7 +2,7 @@
 
 import sys
 
-from heddle.cli._main import main
+from heddle.cli import main
 
 # Guarded: vLLM starts its engine processes with "spawn", which re-imports __main__.
 if __name__ == "__main__":

@@ -15,11 +15,13 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from heddle.exceptions import OutputError, RolloutFailedError
-from heddle.operator._kube import ROLLOUTJOBS, KubeClient
 from heddle.rollout import LocalJob, LocalWorkerOptions, Progress, run_local
+
+if TYPE_CHECKING:  # the Kubernetes client (and kopf) load only when a cluster run starts
+    from heddle.operator import KubeClient
 
 __all__ = ["ClusterAccess", "ClusterRun", "InProcessRun", "RolloutProgress", "Run", "SubprocessRun"]
 
@@ -145,6 +147,8 @@ class ClusterRun:
     async def create(
         cls, access: ClusterAccess | None, namespace: str, manifest: Mapping[str, Any]
     ) -> ClusterRun:
+        from heddle.operator import ROLLOUTJOBS, KubeClient  # noqa: PLC0415  (loads kopf)
+
         # No access given: the service account in a pod, else the kubeconfig, as kubectl.
         client = await asyncio.to_thread(KubeClient, access)
         try:
@@ -157,6 +161,8 @@ class ClusterRun:
     async def poll(self) -> RolloutProgress:
         if self._final is not None:
             return self._final
+        from heddle.operator import ROLLOUTJOBS  # noqa: PLC0415
+
         obj = await self._client.get(ROLLOUTJOBS, self.namespace, self.name)
         if obj is None:
             raise RolloutFailedError(

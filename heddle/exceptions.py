@@ -1,19 +1,32 @@
 """Every exception Heddle raises on purpose.
 
 One module, imported by all parts (the scheduler included, so it must stay
-stdlib-only). Catch :class:`HeddleError` to catch them all.
+stdlib-only). Catch :class:`HeddleError` to catch them all. A few belong to a
+boundary and are mapped there, so they do not derive from it: an HTTP request
+refused with a status (:class:`RequestError` in the worker's API,
+:class:`GatewayError` in the OpenAI-compatible gateway), an exchange that
+failed below HTTP (:class:`HttpError`) and an engine that stopped
+(:class:`EngineError`, a 503).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "CheckpointError",
     "ConfigError",
+    "EngineError",
     "EngineInputError",
+    "GatewayError",
     "HeddleError",
+    "HttpError",
+    "HttpTimeoutError",
     "InfeasibleError",
+    "KubeApiError",
     "ManifestError",
     "OutputError",
+    "RequestError",
     "RolloutFailedError",
     "StepFailedError",
     "TaskError",
@@ -108,3 +121,65 @@ class RolloutFailedError(HeddleError):
     The message names the job and the cause: the RolloutJob's ``Failed``
     condition on a cluster, the last line of ``heddle run``'s log locally.
     """
+
+
+class KubeApiError(HeddleError):
+    """The Kubernetes API server answered with an error status (the operator's client)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"Kubernetes API {status}: {message}")
+        self.status = status
+
+
+# -- errors of an HTTP boundary, answered or retried there -----------------------------------
+class EngineError(RuntimeError):
+    """The engine failed; the worker answers 503 and stops reporting ready."""
+
+
+class HttpError(Exception):
+    """The exchange failed below HTTP: connection refused, reset, or a malformed reply."""
+
+
+class HttpTimeoutError(HttpError):
+    """No complete reply within the timeout."""
+
+
+class RequestError(Exception):
+    """A request the worker's API answers with ``status`` and a sentence saying what is wrong."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class GatewayError(Exception):
+    """A request the gateway refuses, with OpenAI's error fields."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param, self.kind = (
+            status,
+            message,
+            code,
+            param,
+            kind,
+        )
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }

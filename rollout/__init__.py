@@ -8,9 +8,6 @@ planning path from (job, pool, tasks) to a running session: ``prepare_job`` and
 (docs/rollouts.md).
 """
 
-from ._admission import (
-    AdmissionWindow,
-)
 from ._answers import expected_answer, extract_answer, same_answer
 from ._environments import (
     Environment,
@@ -44,19 +41,11 @@ from ._gateway import (
     create_gateway_app,
 )
 from ._gateway_messages import (
-    ChatCall,
-    ChatReply,
     GatewayError,
-    all_same,
-    first_difference,
-    normal_message,
-    openai_call,
-    stored_reply,
 )
 from ._hosts import (
     ALLOWED_HOSTS_ENV,
     ANY_HOST,
-    LOCAL_DEFAULT,
     HostAllowList,
     HostRefusedError,
     check_tool_hosts,
@@ -68,7 +57,6 @@ from ._local import (
     LocalPool,
     LocalWorkerOptions,
     die_with_parent,
-    is_tiny_model,
     local_model_dir,
     worker_options,
 )
@@ -99,11 +87,11 @@ from ._presets import (
 from ._progress import (
     Progress,
     SessionMetrics,
-    TokenRate,
 )
 from ._record import (
     TrajectoryRun,
 )
+from ._replies import MAX_REPLY_BYTES
 from ._reward_stats import read_output_records, reward_stats
 from ._rewards import (
     AnswerReward,
@@ -121,10 +109,12 @@ from ._run import (
     LocalJob,
     PoolPlan,
     ProgressPrinter,
+    build_environment,
     build_session,
     gateway_file,
     job_workload,
     perf_model_for,
+    plan_pool,
     prepare_job,
     prepare_manifests,
     read_job_tasks,
@@ -149,25 +139,13 @@ from ._tasks import (
     parse_task,
     read_tasks,
 )
-from ._tools import (
-    MAX_REPLY_BYTES,
-    HermesParser,
-    ToolCall,
-    ToolCallParser,
-    ToolsEnvironment,
-    read_capped,
-    transport_cause,
-)
-from ._weights import (
-    WeightsKeeper,
-)
+from ._tools import HermesParser, ToolCallParser, ToolInvocation, ToolsEnvironment
 
 __all__ = [
     "ALLOWED_HOSTS_ENV",
     "ANY_HOST",
     "DATA_ROOT",
     "GATEWAY_TOKEN_ENV",
-    "LOCAL_DEFAULT",
     "MAX_REPLY_BYTES",
     "TINY",
     "TINY_DIR",
@@ -175,10 +153,7 @@ __all__ = [
     "TRAINER_KEYS",
     "TRAJECTORY_HEADER",
     "WORKLOAD_PRESETS",
-    "AdmissionWindow",
     "AnswerReward",
-    "ChatCall",
-    "ChatReply",
     "CodeReward",
     "Environment",
     "Episode",
@@ -218,14 +193,12 @@ __all__ = [
     "SyntheticEnvironment",
     "Task",
     "TaskSet",
-    "TokenRate",
-    "ToolCall",
     "ToolCallParser",
+    "ToolInvocation",
     "ToolsEnvironment",
     "TrajectoryRun",
     "TrajectoryStatus",
-    "WeightsKeeper",
-    "all_same",
+    "build_environment",
     "build_session",
     "check_record",
     "check_tool_hosts",
@@ -239,10 +212,8 @@ __all__ = [
     "export_rows",
     "extract_answer",
     "extract_code",
-    "first_difference",
     "gateway_file",
     "guarded_client",
-    "is_tiny_model",
     "job_workload",
     "load_bench_workload",
     "load_cluster",
@@ -250,14 +221,12 @@ __all__ = [
     "local_model_dir",
     "lock_path",
     "make_scorer",
-    "normal_message",
-    "openai_call",
     "parquet_rows",
     "parse_task",
     "perf_model_for",
+    "plan_pool",
     "prepare_job",
     "prepare_manifests",
-    "read_capped",
     "read_job_tasks",
     "read_output_records",
     "read_records",
@@ -271,10 +240,8 @@ __all__ = [
     "session_config_for",
     "split_trainer_row",
     "step_seed",
-    "stored_reply",
     "synthetic_tasks",
     "trace_path",
-    "transport_cause",
     "worker_options",
     "write_export",
 ]

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from heddle.exceptions import GatewayError
+
 __all__ = [
     "ChatCall",
     "ChatReply",
@@ -25,38 +27,6 @@ __all__ = [
     "openai_call",
     "stored_reply",
 ]
-
-
-class GatewayError(Exception):
-    """A request the gateway refuses, with OpenAI's error fields."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        code: str | None = None,
-        param: str | None = None,
-        kind: str = "invalid_request_error",
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code, self.param, self.kind = (
-            status,
-            message,
-            code,
-            param,
-            kind,
-        )
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
 
 
 @dataclass(frozen=True)

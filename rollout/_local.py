@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
 import httpx
 
@@ -39,8 +39,7 @@ from heddle.worker import (
     vllm_cpu_env,
 )
 
-if TYPE_CHECKING:
-    from ._run import LocalJob
+from ._job import LocalJob
 
 __all__ = [
     "TINY",
@@ -278,8 +277,6 @@ def worker_options(
     scripted_replies: bool = False,
 ) -> LocalWorkerOptions:
     """The local workers' options for ``engine``: what ``heddle run`` and the client start."""
-    from heddle.rollout._local import LocalWorkerOptions  # noqa: PLC0415
-
     model_dir = None
     if engine == "vllm":
         from heddle.worker import check_vllm_environment  # noqa: PLC0415

@@ -36,8 +36,8 @@ from heddle.exceptions import ToolError
 
 from ._answers import expected_answer, extract_answer, same_answer
 from ._hosts import LOCAL_DEFAULT, HostAllowList, guarded_client
+from ._replies import MAX_REPLY_BYTES, read_capped, transport_cause
 from ._sandbox import SandboxLimits, run_python
-from ._tools import MAX_REPLY_BYTES, read_capped, transport_cause
 
 __all__ = [
     "AnswerReward",

@@ -18,7 +18,7 @@ import math
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -45,6 +45,7 @@ from ._environments import Environment, SyntheticEnvironment, synthetic_tasks
 from ._external import ExternalEnvironment
 from ._gateway import Gateway
 from ._hosts import LOCAL_DEFAULT, HostAllowList, check_tool_hosts
+from ._job import LocalJob
 from ._local import LocalPool, LocalWorkerOptions, is_tiny_model
 from ._output import OutputSink
 from ._presets import WORKLOAD_PRESETS, load_workload
@@ -86,17 +87,6 @@ class GatewayOptions:
     host: str = "127.0.0.1"
     port: int = 0
     linger_s: float = 3.0  # served on after the job ends, so polling agents hear it ended
-
-
-@dataclass
-class LocalJob:
-    job: RolloutJobSpec
-    pool: EnginePoolSpec
-    tasks: TaskSet
-    workload: WorkloadSpec | None
-    output: Path
-    base_dir: Path
-    tool_hosts: HostAllowList = field(default_factory=HostAllowList)  # where tools may go
 
 
 def _pick(

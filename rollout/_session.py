@@ -37,11 +37,15 @@ from heddle.exceptions import (
 from heddle.scheduler import (
     SAMPLING_LIMITS,
     ClusterView,
+    DrainingEngine,
     EngineInstance,
     FinishedTrajectory,
+    Move,
     PerfModel,
+    ReplanState,
     Trajectory,
     TrajectoryState,
+    decide_replan,
     engine_priority,
     get_policy,
     make_migration,
@@ -264,6 +268,11 @@ class RolloutSession:
     def drained(self) -> list[str]:
         """Draining workers this session no longer uses and holds no trajectory on."""
         return sorted(n for n in self._draining if self.resident_on(n) == 0)
+
+    @property
+    def replans(self) -> int:
+        """Placement plans redone so far."""
+        return self._replans
 
     def resident_on(self, name: str) -> int:
         """Unfinished trajectories whose context lives on ``name``, or with a step there."""
@@ -833,40 +842,43 @@ class RolloutSession:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._replan_now.wait(), self.config.replan_interval_s)
             self._replan_now.clear()
-            live = [r.traj for r in self.runs.values() if r.status == "running"]
-            view = self._view()
-            if not live or view is None:
-                continue
-            self.placement.replan(live, view)
-            self._replans += 1
-            now = time.monotonic() - self._started
-            candidates = [
-                r.traj
-                for r in self.runs.values()
-                if r.status == "running"
-                and r.moving is None
-                and r.resident is not None
-                and r.traj.state is TrajectoryState.IN_TOOL
-            ]
-            for t in candidates:
-                t.instance = self.runs[t.id].resident
-            # Draining workers are sources of moves (everything must leave them), never targets.
-            instances = {i.name: i for i in view.instances}
-            for name in self._draining & self._live:
-                if name in self._endpoints:
-                    instances[name] = self.perf.instance(name, self._endpoints[name].tp)
-            moves = self.migration.plan(
-                candidates,
-                self.placement.target,
-                instances,
-                view.load,
-                now,
-                busy=self._moving,
-                draining=self._draining,
-            )
-            for move in moves:
+            for move in self._replan():
                 run = self.runs[move.trajectory_id]
                 run.moving = asyncio.create_task(self._move(run, move.source, move.destination))
+
+    def _replan_state(self) -> ReplanState | None:
+        """The session's state as the re-plan decision sees it; ``None``: nothing to plan."""
+        live = [r.traj for r in self.runs.values() if r.status == "running"]
+        view = self._view()
+        if not live or view is None:
+            return None
+        movable = [
+            r.traj
+            for r in self.runs.values()
+            if r.status == "running"
+            and r.moving is None
+            and r.resident is not None
+            and r.traj.state is TrajectoryState.IN_TOOL  # only these may move
+        ]
+        for t in movable:
+            t.instance = self.runs[t.id].resident  # where its context is: a move starts there
+        draining = {
+            name: DrainingEngine(
+                self.perf.instance(name, self._endpoints[name].tp), self._load.get(name, 0)
+            )
+            for name in sorted(self._draining & self._live)
+            if name in self._endpoints
+        }
+        now = time.monotonic() - self._started
+        return ReplanState(live, movable, view, now, draining, frozenset(self._moving))
+
+    def _replan(self) -> tuple[Move, ...]:
+        """Redo the placement plan; the moves to start (heddle.scheduler.decide_replan)."""
+        state = self._replan_state()
+        if state is None:
+            return ()
+        self._replans += 1
+        return decide_replan(state, self.placement, self.migration).moves
 
     async def _move(self, run: TrajectoryRun, source: str, destination: str) -> None:
         if run.status != "running":

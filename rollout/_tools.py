@@ -34,22 +34,23 @@ from heddle.api import ToolEndpointSpec, ToolsSpec
 from heddle.exceptions import ToolError
 
 from ._environments import Environment, Episode, Outcome, ParsedCalls
-from ._hosts import LOCAL_DEFAULT, HostAllowList, HostRefusedError, guarded_client
+from ._hosts import LOCAL_DEFAULT, HostAllowList, guarded_client
+from ._replies import MAX_REPLY_BYTES, read_capped, transport_cause
 from ._tasks import Task
 
 __all__ = [
-    "MAX_REPLY_BYTES",
     "HermesParser",
-    "ToolCall",
     "ToolCallParser",
+    "ToolInvocation",
     "ToolsEnvironment",
-    "read_capped",
-    "transport_cause",
 ]
 
 
 @dataclass(frozen=True)
-class ToolCall:
+class ToolInvocation:
+    """One tool call the model made, parsed from its reply; the OpenAI wire form of a
+    call is another type, :class:`heddle.worker.ToolCall`."""
+
     name: str
     arguments: Mapping[str, Any]
     id: str = ""
@@ -70,7 +71,7 @@ class ToolCallParser(ABC):
     name: ClassVar[str]
 
     @abstractmethod
-    def parse(self, text: str) -> tuple[list[ToolCall], list[str]]:
+    def parse(self, text: str) -> tuple[list[ToolInvocation], list[str]]:
         """(calls, errors)."""
 
     @abstractmethod
@@ -84,8 +85,8 @@ class HermesParser(ToolCallParser):
     name = "hermes"
     _BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
-    def parse(self, text: str) -> tuple[list[ToolCall], list[str]]:
-        calls: list[ToolCall] = []
+    def parse(self, text: str) -> tuple[list[ToolInvocation], list[str]]:
+        calls: list[ToolInvocation] = []
         errors: list[str] = []
         for block in self._BLOCK.findall(text):
             try:
@@ -106,16 +107,16 @@ class HermesParser(ToolCallParser):
             elif not isinstance(args, dict):
                 errors.append(f"tool call {data['name']!r}: arguments must be a JSON object")
             else:
-                calls.append(ToolCall(data["name"], args))
+                calls.append(ToolInvocation(data["name"], args))
         return calls, errors
 
     def content(self, text: str) -> str:
         return text.split("<tool_call>", 1)[0]
 
 
-def _from_worker(parsed: ParsedCalls) -> tuple[list[ToolCall], list[str]]:
+def _from_worker(parsed: ParsedCalls) -> tuple[list[ToolInvocation], list[str]]:
     """The worker's OpenAI-format calls; arguments that are not a JSON object are errors."""
-    calls: list[ToolCall] = []
+    calls: list[ToolInvocation] = []
     errors: list[str] = []
     for call in parsed.calls:
         name = str(call["function"]["name"])
@@ -124,13 +125,10 @@ def _from_worker(parsed: ParsedCalls) -> tuple[list[ToolCall], list[str]]:
         except (TypeError, ValueError):
             args = None
         if isinstance(args, dict):
-            calls.append(ToolCall(name, args, str(call.get("id", ""))))
+            calls.append(ToolInvocation(name, args, str(call.get("id", ""))))
         else:
             errors.append(f"tool call {name!r}: arguments must be a JSON object")
     return calls, errors
-
-
-MAX_REPLY_BYTES = 1 << 20  # a tool reply's HTTP body at most; a longer one is refused unread
 
 
 class _RetryableError(Exception):
@@ -140,7 +138,7 @@ class _RetryableError(Exception):
 async def call_tool(
     client: httpx.AsyncClient,
     endpoint: ToolEndpointSpec,
-    call: ToolCall,
+    call: ToolInvocation,
     trajectory_id: str,
     *,
     max_reply_bytes: int = MAX_REPLY_BYTES,
@@ -197,47 +195,6 @@ async def _attempt(
     if not isinstance(data, dict) or not isinstance(data.get("content"), str):
         raise _RetryableError(f'reply is not JSON {{"content": string}}: {text[:200]!r}')
     return str(data["content"])
-
-
-async def read_capped(reply: httpx.Response, who: str, cap: int) -> bytes:
-    """The body, refused (unread) once it passes ``cap`` bytes; ``who`` names the sender."""
-    too_large = ToolError(
-        f"{who} replied with more than {cap} bytes, the cap on a reply; the rest was not read"
-    )
-    declared = reply.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > cap:
-        raise too_large
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in reply.aiter_bytes():
-        size += len(chunk)
-        if size > cap:
-            raise too_large  # leaving the stream closes the connection mid-body
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def transport_cause(exc: httpx.HTTPError, server: str = "tool server") -> str:
-    """A sentence naming why the exchange broke (never the URL: it may go to the model)."""
-    causes: list[BaseException] = []
-    seen: BaseException | None = exc
-    while seen is not None and len(causes) < 8:
-        causes.append(seen)
-        seen = seen.__cause__ or seen.__context__
-    refused = next((c for c in causes if isinstance(c, HostRefusedError)), None)
-    if refused is not None:
-        return str(refused)
-    if any(isinstance(c, ConnectionResetError) for c in causes):
-        return f"the {server} reset the connection"
-    if any(isinstance(c, ConnectionRefusedError) for c in causes):
-        return f"the {server} refused the connection (nothing listens at that address)"
-    if isinstance(exc, httpx.RemoteProtocolError):
-        return f"the {server} closed the connection before a complete reply"
-    if isinstance(exc, httpx.ConnectError):
-        return f"cannot connect to the {server} (unknown host or unreachable)"
-    if isinstance(exc, httpx.ReadError | httpx.WriteError):
-        return f"the connection to the {server} broke mid-call"
-    return f"the call failed below HTTP ({type(exc).__name__})"
 
 
 @dataclass
@@ -324,7 +281,7 @@ class ToolsEnvironment(Environment):
             task, sample, trajectory_id, expected_tool_s=self.expected_tool_s, env=self
         )
 
-    async def run(self, call: ToolCall, trajectory_id: str) -> tuple[str, bool]:
+    async def run(self, call: ToolInvocation, trajectory_id: str) -> tuple[str, bool]:
         """(content for the model, failed?)."""
         endpoint = self.endpoints.get(call.name)
         if endpoint is None:

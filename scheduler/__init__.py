@@ -7,6 +7,7 @@ Everything the operator, the worker and the simulator decide about *when*,
 * :class:`ProgressivePriority` – longest predicted remaining first, with preemption,
 * :func:`plan_placement` / :class:`DPPlacement` – presorted-DP placement over instances,
 * :class:`ToolWindowMigration` – moves during tool calls, one per sender and receiver,
+* :func:`decide_replan` – the re-plan step the live session and the simulator share,
 * :class:`AnnealingShapePlanner` – the TP mix of a pool under its GPU budget,
 * the baselines (``verl``, ``verl-star``, ``slime``, ``fcfs``) behind the same interfaces,
 * :class:`PerfModel` – the explicit engine performance model all of them share.
@@ -18,7 +19,13 @@ This package imports only the standard library, numpy and :mod:`heddle.exception
 from ._cluster import ClusterSpec
 from ._dp import Items, aggregate, group_cost, solve_contiguous
 from ._evaluation import PredictorQuality, evaluate_predictor, history_of
-from ._limits import SAMPLING_LIMITS, SamplingLimits
+from ._limits import (
+    ENGINE_BATCH_CAP,
+    SAMPLING_DEFAULTS,
+    SAMPLING_LIMITS,
+    SamplingDefaults,
+    SamplingLimits,
+)
 from ._migration import MigrationConfig, MigrationPlanner, Move, NoMigration, ToolWindowMigration
 from ._ordering import (
     FCFSOrdering,
@@ -77,6 +84,7 @@ from ._profiled import (
     fit_prefill,
     load_profile,
 )
+from ._replan import DrainingEngine, ReplanDecision, ReplanState, decide_replan
 from ._reshape import EngineSnapshot, Merge, TailMergeConfig, TailMergePlanner
 from ._shape import AnnealingShapePlanner, FixedShape, ShapeConfig, ShapePlan, ShapePlanner
 from ._stats import pearson, tail_recall
@@ -101,10 +109,12 @@ from ._workload import Distribution, ToolSpec, TrajectoryScript, WorkloadSpec, g
 
 __all__ = [
     "BASELINES",
+    "ENGINE_BATCH_CAP",
     "HARDWARE_PRESETS",
     "MODEL_PRESETS",
     "POLICIES",
     "PROFILE_FORMAT",
+    "SAMPLING_DEFAULTS",
     "SAMPLING_LIMITS",
     "SIMULATION_ONLY",
     "TRACE_FORMAT",
@@ -116,6 +126,7 @@ __all__ = [
     "DPPlacement",
     "DecodeFit",
     "Distribution",
+    "DrainingEngine",
     "EngineInstance",
     "EngineProfile",
     "EngineSnapshot",
@@ -145,7 +156,10 @@ __all__ = [
     "ProfiledPerfModel",
     "ProgressPredictor",
     "ProgressivePriority",
+    "ReplanDecision",
+    "ReplanState",
     "RoundRobinPlacement",
+    "SamplingDefaults",
     "SamplingLimits",
     "SchedulingPolicy",
     "ShapeConfig",
@@ -165,6 +179,7 @@ __all__ = [
     "WorkloadSpec",
     "aggregate",
     "check_tp_sizes",
+    "decide_replan",
     "engine_priority",
     "evaluate_predictor",
     "fit_decode",

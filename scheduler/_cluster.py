@@ -8,6 +8,7 @@ from typing import Any
 
 from heddle.exceptions import WorkloadError
 
+from ._limits import ENGINE_BATCH_CAP
 from ._perf import HARDWARE_PRESETS, MODEL_PRESETS, PerfModel
 from ._profiled import EngineProfile, ProfiledPerfModel, load_profile
 from ._types import PoolShape, check_tp_sizes
@@ -27,7 +28,7 @@ class ClusterSpec:
     hardware: str
     tensor_parallel_sizes: tuple[int, ...]
     baseline_tp: int
-    batch_cap: int = 100
+    batch_cap: int = ENGINE_BATCH_CAP
     # A measured engine (``heddle bench profile``) instead of the model and hardware presets.
     profile: EngineProfile | None = None
 

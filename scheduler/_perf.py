@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 from heddle.exceptions import ConfigError
 
+from ._limits import ENGINE_BATCH_CAP
+
 __all__ = [
     "HARDWARE_PRESETS",
     "MODEL_PRESETS",
@@ -117,7 +119,7 @@ class PerfModel:
 
     model: ModelSpec
     hardware: HardwareSpec
-    batch_cap: int = 100  # the paper's per-engine cap, also vLLM's max_num_seqs knob
+    batch_cap: int = ENGINE_BATCH_CAP  # the paper's per-engine cap, vLLM's max_num_seqs
     typical_context_tokens: int = 8192  # context per trajectory assumed for T and F
 
     def __post_init__(self) -> None:

@@ -43,6 +43,7 @@ import numpy as np
 
 from heddle.exceptions import ConfigError, WorkloadError
 
+from ._limits import ENGINE_BATCH_CAP
 from ._perf import HardwareSpec, ModelSpec, PerfModel
 
 __all__ = [
@@ -290,7 +291,10 @@ class ProfiledPerfModel(PerfModel):
 
     @classmethod
     def from_profile(
-        cls, profile: EngineProfile, batch_cap: int = 100, typical_context_tokens: int = 1024
+        cls,
+        profile: EngineProfile,
+        batch_cap: int = ENGINE_BATCH_CAP,
+        typical_context_tokens: int = 1024,
     ) -> ProfiledPerfModel:
         hardware = HardwareSpec(f"profiled:{profile.name}", 0.0, 0.0, 0.0, 0.0)
         return cls(profile.model, hardware, batch_cap, typical_context_tokens, profile=profile)

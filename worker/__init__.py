@@ -23,7 +23,7 @@ from ._environment import (
     probe_vllm_import,
     vllm_environment_checks,
 )
-from ._http import HttpError, HttpPool, HttpTimeoutError
+from ._http import KEEP_ALIVE_S, HttpError, HttpPool, HttpTimeoutError
 from ._models import NAMED_MODELS, TINY, TINY_DIR, named_model_dir
 from ._resident import (
     DEFAULT_MAX_RESIDENT,
@@ -53,7 +53,8 @@ from ._server import serve
 from ._sim_engine import SimulatedEngine
 from ._smollm2 import SMOLLM2, ModelManifest, default_model_cache, ensure_smollm2
 from ._smollm2_tools import SMOLLM2_TOOL_PARSER, SMOLLM2_TOOLS_TEMPLATE, install_tool_template
-from ._vllm_engine import VLLMConfig, VLLMEngine
+from ._tiny_model import write_tiny_model
+from ._vllm_engine import VLLMConfig, VLLMEngine, parse_engine_arg
 from ._vllm_env import THREADS_BIND, vllm_cpu_env
 from ._weights import LoadedWeights, weights_path
 
@@ -62,6 +63,7 @@ __all__ = [
     "DEFAULT_RESIDENT_TTL_S",
     "DEFAULT_WORKER_ARGS",
     "FIELD_RANGES",
+    "KEEP_ALIVE_S",
     "MAX_BODY_BYTES",
     "NAMED_MODELS",
     "OPEN_PATHS",
@@ -116,6 +118,7 @@ __all__ = [
     "install_tool_template",
     "job_of",
     "named_model_dir",
+    "parse_engine_arg",
     "parse_worker_argv",
     "probe_vllm_import",
     "read_token",
@@ -125,4 +128,5 @@ __all__ = [
     "vllm_cpu_env",
     "vllm_environment_checks",
     "weights_path",
+    "write_tiny_model",
 ]

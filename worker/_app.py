@@ -19,6 +19,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from heddle.exceptions import CheckpointError, EngineInputError
+from heddle.exceptions import RequestError as ApiError
 
 from ._auth import BearerToken, document_auth
 from ._body_limit import MAX_BODY_BYTES, BodyLimit
@@ -47,15 +48,6 @@ from ._schemas import (
 from ._weights import weights_path
 
 __all__ = ["WorkerState", "create_app"]
-
-
-class ApiError(Exception):
-    """An error answered with ``status`` and a sentence saying what is wrong."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 class _Metrics:

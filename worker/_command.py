@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from heddle.scheduler import ENGINE_BATCH_CAP
+
 __all__ = [
     "DEFAULT_WORKER_ARGS",
     "WorkerArgs",
@@ -41,7 +43,7 @@ class WorkerArgs:
     seed: int = 0
     scripted_replies: bool = False  # sim: answer turn k with the k-th <reply> block (tests)
     block_size: int | None = None  # vllm: KV block size
-    max_num_seqs: int = 100  # vllm: batch cap
+    max_num_seqs: int = ENGINE_BATCH_CAP  # vllm: batch cap
     gpu_memory_utilization: float = 0.9  # vllm: share of GPU memory
     vllm_args: tuple[str, ...] = field(default=())  # vllm: NAME=VALUE engine arguments
     kv_cache_gib: int = 1  # vllm CPU build: VLLM_CPU_KVCACHE_SPACE

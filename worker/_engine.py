@@ -7,24 +7,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from heddle.exceptions import CheckpointError
+from heddle.exceptions import CheckpointError, EngineError
+from heddle.scheduler import SAMPLING_DEFAULTS
 
 from ._weights import LoadedWeights
 
 __all__ = ["Engine", "EngineError", "EngineStats", "ParsedTurn", "Sampling", "StepOutput"]
 
 
-class EngineError(RuntimeError):
-    """The engine failed; the worker answers 503 and stops reporting ready."""
-
-
 @dataclass(frozen=True)
 class Sampling:
     """Sampling of one LLM step (vLLM's names and meanings)."""
 
-    max_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
+    max_tokens: int = SAMPLING_DEFAULTS.max_tokens_per_request
+    temperature: float = SAMPLING_DEFAULTS.temperature
+    top_p: float = SAMPLING_DEFAULTS.top_p
     seed: int | None = None
     ignore_eos: bool = False
     logprobs: bool = False

@@ -12,19 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from urllib.parse import urlsplit
 
-__all__ = ["HttpError", "HttpPool", "HttpTimeoutError"]
+from heddle.exceptions import HttpError, HttpTimeoutError
+
+__all__ = ["KEEP_ALIVE_S", "HttpError", "HttpPool", "HttpTimeoutError"]
+
+# How long a worker keeps an idle connection open (its server's keep-alive timeout). A
+# trajectory's connection idles through its tool call; at uvicorn's default of 5 s most
+# of them were closed by then, and the next step paid a failed send and a new connection.
+KEEP_ALIVE_S = 75
+# The client reuses a connection idle for less than this, a margin under the server's.
+_REUSE_S = KEEP_ALIVE_S - 5.0
 
 _MAX_HEADER_BYTES = 64 * 1024
-
-
-class HttpError(Exception):
-    """The exchange failed below HTTP: connection refused, reset, or a malformed reply."""
-
-
-class HttpTimeoutError(HttpError):
-    """No complete reply within the timeout."""
 
 
 class _Connection:
@@ -32,6 +34,7 @@ class _Connection:
         self.reader = reader
         self.writer = writer
         self.reused = False
+        self.idle_since = 0.0  # time.monotonic() when it went back to the pool
 
     def close(self) -> None:
         self.writer.close()
@@ -60,6 +63,13 @@ class HttpPool:
         self._closed = False
 
     async def _acquire(self, fresh: bool = False) -> _Connection:
+        # The oldest idle connections first (the list is LIFO): past the server's keep-alive
+        # they are closed there, so they go here instead of failing a request. Nobody can be
+        # waiting for a connection while some are idle, so no one needs telling.
+        stale = time.monotonic() - _REUSE_S
+        while self._idle and self._idle[0].idle_since < stale:
+            self._idle.pop(0).close()
+            self._open -= 1
         if self._idle and not fresh:
             # The usual case, taken without the condition's lock (its acquire and release
             # cost more than the rest of a request here): one event loop thread, and
@@ -101,6 +111,7 @@ class HttpPool:
             conn.close()
             await self._forget()
             return
+        conn.idle_since = time.monotonic()
         self._idle.append(conn)
         if self._waiting:  # the lock only when some request waits for a connection
             async with self._freed:

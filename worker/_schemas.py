@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from heddle.scheduler import SAMPLING_LIMITS
+from heddle.scheduler import SAMPLING_DEFAULTS, SAMPLING_LIMITS
 
 from ._chat import TOOL_PARSERS, tool_schema_error
 
@@ -67,6 +67,7 @@ class Range:
 # vLLM's own limits (SamplingParams, the int64 fields of its engine-core messages); the
 # numbers a RolloutJob may ask for are written once, in heddle.scheduler.SAMPLING_LIMITS.
 _L = SAMPLING_LIMITS
+_D = SAMPLING_DEFAULTS
 MAX_TOKENS = Range(_L.max_tokens_min)
 TEMPERATURE = Range(_L.temperature_min, _L.temperature_max, finite=True)
 TOP_P = Range(_L.top_p_exclusive_min, _L.top_p_max, low_exclusive=True, finite=True)
@@ -117,9 +118,9 @@ class ChatMessage(_Strict):
 
 
 class SamplingParams(_Strict):
-    max_tokens: int = MAX_TOKENS.field(256, "tokens to generate at most")
-    temperature: float = TEMPERATURE.field(1.0, "sampling temperature")
-    top_p: float = TOP_P.field(1.0, "nucleus sampling mass")
+    max_tokens: int = MAX_TOKENS.field(_D.max_tokens_per_request, "tokens to generate at most")
+    temperature: float = TEMPERATURE.field(_D.temperature, "sampling temperature")
+    top_p: float = TOP_P.field(_D.top_p, "nucleus sampling mass")
     seed: int | None = SEED.field(None, "per-request sampling seed")
     ignore_eos: bool = False
     logprobs: bool = False

@@ -15,6 +15,7 @@ import uvicorn
 from ._app import WorkerState, create_app
 from ._body_limit import MAX_BODY_BYTES
 from ._engine import Engine
+from ._http import KEEP_ALIVE_S
 
 __all__ = ["serve"]
 
@@ -91,7 +92,12 @@ def serve(
         **state,
     )
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="info", timeout_graceful_shutdown=int(grace_s) + 5
+        app,
+        host=host,
+        port=port,
+        log_level="info",
+        timeout_graceful_shutdown=int(grace_s) + 5,
+        timeout_keep_alive=KEEP_ALIVE_S,  # the session's pool reuses it through tool calls
     )
 
     async def run() -> None:

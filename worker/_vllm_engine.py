@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from heddle.exceptions import ConfigError, EngineInputError
+from heddle.scheduler import ENGINE_BATCH_CAP
 
 from ._engine import Engine, EngineError, EngineStats, ParsedTurn, Sampling, StepOutput
 from ._engine_arg_names import VLLM_ENGINE_ARG_NAMES, VLLM_LINE
@@ -60,7 +61,7 @@ class VLLMConfig:
     max_model_len: int | None = None  # None: the model's own context length
     gpu_memory_utilization: float = 0.9
     block_size: int | None = None  # KV block size; smaller blocks cache finer prefixes
-    max_num_seqs: int = 100  # the batch cap
+    max_num_seqs: int = ENGINE_BATCH_CAP  # the batch cap
     enforce_eager: bool | None = None  # None: on the CPU build only (GPUs capture CUDA graphs)
     dtype: str = "auto"
     kv_cache_gib: int = 1

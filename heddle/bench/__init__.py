@@ -46,6 +46,8 @@ from ._sim import (
     Progress,
     Run,
     baseline_runs,
+    format_table,
+    plot,
     run_rollout_bench,
 )
 from ._weights import (
@@ -78,9 +80,11 @@ __all__ = [
     "chunked",
     "fidelity_cluster",
     "format_fidelity",
+    "format_table",
     "model_spec_of",
     "outside_engine_per_step",
     "pairs_agree",
+    "plot",
     "plot_engines",
     "run_fidelity",
     "run_rollout_bench",

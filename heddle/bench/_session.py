@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from heddle.api._manifests import (
+from heddle.api import (
     EnginePoolSpec,
     EnvironmentSpec,
     RolloutJobSpec,
@@ -55,7 +55,7 @@ __all__ = ["bench_control_loop", "bench_engines", "plot_engines", "run_session_b
 
 
 def _pool_spec() -> EnginePoolSpec:
-    from heddle.api._manifests import VLLMSpec  # noqa: PLC0415
+    from heddle.api import VLLMSpec  # noqa: PLC0415
 
     return EnginePoolSpec("bench", "default", "tiny", "", 2, 2, (1, 2), None, VLLMSpec())
 

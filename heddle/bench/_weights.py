@@ -58,7 +58,7 @@ async def _swaps(endpoint: WorkerEndpoint, paths: list[str], rounds: int) -> lis
 async def _run(model: str | None, rounds: int, log_dir: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="heddle-weights-") as tmp:
         if model is None:
-            from heddle.worker._tiny_model import write_tiny_model  # noqa: PLC0415
+            from heddle.worker import write_tiny_model  # noqa: PLC0415
 
             paths = [str(write_tiny_model(Path(tmp) / f"ckpt-{s}", seed=s)) for s in (0, 1)]
         else:

@@ -103,7 +103,7 @@ def _print_predictor(r: dict[str, Any]) -> None:
 
 
 def _cmd_rollout(args: argparse.Namespace, out: Path) -> int:
-    import heddle.bench._sim as _bench
+    import heddle.bench as _bench
 
     policies = [p for p in (args.policies or DEFAULT_POLICIES).split(",") if p]
     if args.ablation:
@@ -162,7 +162,7 @@ def _tp_mix(text: str) -> tuple[int, ...]:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    import heddle.bench._micro as mb
+    import heddle.bench as mb
 
     out = Path(args.out)
     if args.target == "rollout":
@@ -291,8 +291,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             VLLMEngine,
             check_vllm_environment,
             named_model_dir,
+            parse_engine_arg,
         )
-        from heddle.worker._vllm_engine import parse_engine_arg
 
         check_vllm_environment()  # one sentence now, not a traceback from inside vLLM later
         if not args.model:
@@ -338,7 +338,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 def _cmd_model_tiny(args: argparse.Namespace) -> int:
     from heddle.exceptions import ConfigError
-    from heddle.worker._tiny_model import write_tiny_model
+    from heddle.worker import write_tiny_model
 
     try:
         path = write_tiny_model(Path(args.path), seed=args.seed)

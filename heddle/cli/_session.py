@@ -43,10 +43,8 @@ def _cmd_session(args: argparse.Namespace) -> int:
     from heddle.exceptions import HeddleError  # noqa: PLC0415
     from heddle.operator import (  # noqa: PLC0415
         SESSION_CONFIG_ENV,
-        KubeClient,
-    )
-    from heddle.operator._session_pod import (  # noqa: PLC0415
         SESSION_RETRY,
+        KubeClient,
         SessionPodConfig,
         run_session_pod,
     )

@@ -33,6 +33,7 @@ from ._jobs import (
     session_pods,
 )
 from ._kube import (
+    ROLLOUTJOBS,
     ApiError,
     KubeClient,
     Resource,
@@ -53,7 +54,7 @@ from ._pools import (
 from ._reconcile import (
     PodView,
     PoolActions,
-    plan_pool,
+    pool_actions,
 )
 from ._session_builders import (
     GATEWAY_PORT,
@@ -73,6 +74,7 @@ from ._session_pod import (
     ready_workers,
     run_session_pod,
 )
+from ._session_status import SessionPublished
 from ._tokens import (
     TOKEN_KEY,
     TokenState,
@@ -88,6 +90,7 @@ __all__ = [
     "FINISHED",
     "GATEWAY_PORT",
     "MAX_CONDITION_MESSAGE",
+    "ROLLOUTJOBS",
     "SESSION_ACCOUNT",
     "SESSION_CONFIG_ENV",
     "SESSION_RETRY",
@@ -106,6 +109,7 @@ __all__ = [
     "RetryPolicy",
     "SessionPodConfig",
     "SessionPodOptions",
+    "SessionPublished",
     "TokenState",
     "baseline_shape",
     "build_registry",
@@ -119,8 +123,8 @@ __all__ = [
     "instance_name",
     "load_configuration",
     "merge_conditions",
-    "plan_pool",
     "pod_phase",
+    "pool_actions",
     "progress_fields",
     "read_worker_token",
     "ready_workers",

@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from heddle.api import JobPhase
 from heddle.rollout import Progress
 
 from ._builders import condition, merge_conditions
@@ -21,7 +22,7 @@ from ._kube import ROLLOUTJOBS, KubeClient
 
 __all__ = ["FINISHED", "JobStatus", "progress_fields"]
 
-FINISHED = ("Succeeded", "Failed")
+FINISHED = tuple(p for p in JobPhase if p.finished)  # (Succeeded, Failed)
 
 
 class JobStatus:
@@ -35,12 +36,13 @@ class JobStatus:
         self.generation = meta.get("generation")
         status = body.get("status") or {}
         self.last = 0.0
-        self.phase: str | None = status.get("phase")
+        raw = status.get("phase")
+        self.phase: JobPhase | None = JobPhase(raw) if raw in set(JobPhase) else None
         self.conditions: list[dict[str, Any]] = list(status.get("conditions", []))
 
     async def write(
         self,
-        phase: str | None,
+        phase: JobPhase | None,
         conditions: Sequence[Mapping[str, Any]] = (),
         force: bool = True,
         if_version: str | None = None,
@@ -55,7 +57,7 @@ class JobStatus:
         now = time.monotonic()
         if not force and phase == self.phase and now - self.last < self.interval_s:
             return
-        if phase == "Failed" and conditions:
+        if phase is JobPhase.FAILED and conditions:
             # `kubectl wait --for=condition=Failed` as for a batch Job: the cause, again.
             cause = conditions[-1]
             conditions = [

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from heddle.api import PodPolicy, RolloutJobSpec, check_session_policy
+from heddle.api import JobPhase, PodPolicy, RolloutJobSpec, check_session_policy
 from heddle.exceptions import HeddleError, ManifestError
 from heddle.rollout import check_tool_hosts
 
@@ -46,6 +46,9 @@ from ._session_builders import (
     session_pod,
     session_rbac,
 )
+
+# A Pod's own final phases (Kubernetes' vocabulary), not a job's.
+POD_ENDED = ("Succeeded", "Failed")
 
 __all__ = ["JobContext", "delete_session_pods", "owned_by", "run_job", "session_pods"]
 
@@ -132,11 +135,11 @@ async def run_job(
     try:
         job = _validate(body, ctx)
     except HeddleError as exc:
-        await status.write("Failed", [condition("Valid", False, "InvalidSpec", str(exc))])
+        await status.write(JobPhase.FAILED, [condition("Valid", False, "InvalidSpec", str(exc))])
         return
     holder = await _output_holder(ctx, body, job.output_path)
     if holder is not None:
-        await status.write("Failed", [condition("Valid", False, "OutputInUse",
+        await status.write(JobPhase.FAILED, [condition("Valid", False, "OutputInUse",
             f"RolloutJob {holder!r} writes to the same spec.output.path {job.output_path!r}; "
             "give this job its own output path",
         )])  # fmt: skip
@@ -165,7 +168,7 @@ class _PodKeeper:
         self.created = 0  # session pods this operator made for the job
         self.version: str | None = None  # the job's resourceVersion this round read
 
-    async def _say(self, phase: str | None, cond: dict[str, str]) -> None:
+    async def _say(self, phase: JobPhase | None, cond: dict[str, str]) -> None:
         """Write ``phase`` and ``cond`` unless written already, and only onto the job as this
         round read it: the session may have written since (409), and wins."""
         key = (str(phase), cond["type"], cond["status"], cond["reason"], cond["message"])
@@ -185,13 +188,13 @@ class _PodKeeper:
         self.version = current["metadata"].get("resourceVersion")
         ahead = await _first_in_queue(ctx, current, job.engine_pool)
         if ahead is not None:
-            await self._say("Queued", condition(
+            await self._say(JobPhase.QUEUED, condition(
                 "Running", False, "WaitingForPool",
                 f"job {ahead!r} runs on pool {job.engine_pool!r} first",
             ))  # fmt: skip
             return True
         if await ctx.kube.get(ENGINEPOOLS, job.namespace, job.engine_pool) is None:
-            await self._say("Pending", condition(
+            await self._say(JobPhase.PENDING, condition(
                 "PoolReady", False, "PoolNotFound",
                 f"EnginePool {job.engine_pool!r} does not exist in namespace {job.namespace}; "
                 "create it or fix spec.enginePool",
@@ -203,14 +206,15 @@ class _PodKeeper:
             if not self.gateway_done:
                 await self._ensure_gateway()
         except ManifestError as exc:  # an object of that name that is not the job's
-            await self.status.write("Failed", [condition("Valid", False, "NameTaken", str(exc))],
+            await self.status.write(JobPhase.FAILED,
+                                    [condition("Valid", False, "NameTaken", str(exc))],
                                     completionTime=now_iso())  # fmt: skip
             return False
         pods = [p for p in await session_pods(ctx.kube, job.namespace, job.name)
                 if owned_by(p, self.uid)]  # fmt: skip
         if any(p["metadata"].get("deletionTimestamp") for p in pods):
             return True  # the old session goes first: never two sessions on one output
-        live = [p for p in pods if (p.get("status") or {}).get("phase") not in FINISHED]
+        live = [p for p in pods if (p.get("status") or {}).get("phase") not in POD_ENDED]
         for pod in pods:
             if pod not in live:
                 name = pod["metadata"]["name"]
@@ -221,7 +225,9 @@ class _PodKeeper:
             return True  # created in a later round, once the ended one is gone
         # Before the session writes its own phase, the job waits for its pod: Pending.
         phase = (
-            "Pending" if (current.get("status") or {}).get("phase") in (None, "Queued") else None
+            JobPhase.PENDING
+            if (current.get("status") or {}).get("phase") in (None, JobPhase.QUEUED)
+            else None
         )
         if not live:
             return await self._create(phase)
@@ -238,10 +244,10 @@ class _PodKeeper:
                                             f"session pod {name} runs the session"))  # fmt: skip
         return True
 
-    async def _create(self, phase: str | None) -> bool:
+    async def _create(self, phase: JobPhase | None) -> bool:
         ctx, job = self.ctx, self.job
         if self.created > ctx.max_session_restarts:
-            await self.status.write("Failed", [condition("Complete", False, "SessionFailed",
+            await self.status.write(JobPhase.FAILED, [condition("Complete", False, "SessionFailed",
                 f"the session pod ended before the job {self.created} times; its log says why",
             )], completionTime=now_iso())  # fmt: skip
             return False

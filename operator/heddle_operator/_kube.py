@@ -45,15 +45,12 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from heddle.api import ENGINEPOOL_PLURAL, GROUP, ROLLOUTJOB_PLURAL, VERSION
-from heddle.exceptions import ConfigError, HeddleError
+from heddle.exceptions import ConfigError, KubeApiError
 
 __all__ = ["ApiError", "KubeClient", "Resource", "RetryPolicy", "load_configuration"]
 
 
-class ApiError(HeddleError):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"Kubernetes API {status}: {message}")
-        self.status = status
+ApiError = KubeApiError  # its name before it moved to heddle.exceptions
 
 
 @dataclass(frozen=True)

@@ -21,15 +21,23 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry, Counter, start_http_server
 
-from heddle.api import ENGINEPOOL_PLURAL, FINALIZER, GROUP, ROLLOUTJOB_PLURAL, VERSION, PodPolicy
+from heddle.api import (
+    ENGINEPOOL_PLURAL,
+    FINALIZER,
+    GROUP,
+    ROLLOUTJOB_PLURAL,
+    VERSION,
+    JobPhase,
+    PodPolicy,
+)
 from heddle.rollout import DATA_ROOT, HostAllowList, SessionConfig
-from heddle.scheduler import PoolShape
 
 from ._builders import LABEL_POOL
 from ._jobs import JobContext, delete_session_pods, run_job
 from ._kube import KubeClient
 from ._pools import PoolRuntime, reconcile_pool
 from ._session_builders import DEFAULT_SESSION_IMAGE, SessionPodOptions
+from ._session_status import SessionPublished
 
 __all__ = ["OperatorConfig", "build_registry", "run_operator"]
 
@@ -226,21 +234,19 @@ def _follow_session(runtime: PoolRuntime, jobs: list[dict[str, Any]]) -> dict[st
     its status says now was not written by a session the operator started for this pool.
     """
     running = sorted(
-        (j for j in jobs if j.get("phase") == "Running"), key=lambda j: str(j.get("startTime", ""))
+        (j for j in jobs if j.get("phase") == JobPhase.RUNNING),
+        key=lambda j: str(j.get("startTime", "")),
     )
     if not running:
         return {}
-    job = running[-1]  # the latest start wins (one job runs per pool)
-    runtime.weight_versions.update(
-        {str(k): str(v) for k, v in (job.get("weightVersions") or {}).items()}
-    )
-    entries = job.get("plannedShape")
-    if entries:
-        runtime.planned = PoolShape.of({int(e["tp"]): int(e["replicas"]) for e in entries})
-    drained = set(job.get("drained") or [])
+    published = SessionPublished.of_status(running[-1])  # the latest start wins
+    runtime.weight_versions.update(published.weight_versions or {})
+    if published.planned_shape is not None:
+        runtime.planned = published.planned_shape
+    drained = set(published.drained or ())
     return {
-        str(name): (0 if name in drained else max(1, int(count)))
-        for name, count in (job.get("resident") or {}).items()
+        name: (0 if name in drained else max(1, count))
+        for name, count in (published.resident or {}).items()
     }
 
 

@@ -1,7 +1,7 @@
 """EnginePool reconciliation: pods for the shape, drains, replacements, status.
 
 One call of :func:`reconcile_pool` is one round: read the pods, decide with
-:func:`plan_pool`, apply, write status if it changed. The kopf daemon of
+:func:`pool_actions`, apply, write status if it changed. The kopf daemon of
 each pool calls it about once a second (``OperatorConfig.reconcile_interval_s``)
 with the pool's pods from the operator's kopf index (a watch, not a LIST per
 round); the round's own writes are laid over that view until the watch has
@@ -47,7 +47,7 @@ from ._builders import (
     worker_pod,
 )
 from ._kube import ENGINEPOOLS, NETWORKPOLICIES, PODS, SERVICES, ApiError, KubeClient
-from ._reconcile import PodView, plan_pool
+from ._reconcile import PodView, pool_actions
 from ._tokens import TokenState, ensure_worker_token, token_digest
 
 __all__ = ["OwnWrites", "PoolRuntime", "baseline_shape", "reconcile_pool"]
@@ -235,7 +235,7 @@ async def reconcile_pool(
                 "EnginePool %s/%s: %s %s", namespace, name, view.name,
                 f"drain timed out with {left} trajectories on it" if left else "is empty",
             )  # fmt: skip
-    actions = plan_pool(name, views, desired, pool.gpus, drained)
+    actions = pool_actions(name, views, desired, pool.gpus, drained)
     for note in actions.notes:
         log.info("EnginePool %s/%s: %s", namespace, name, note)
     writes = runtime.writes

@@ -23,7 +23,7 @@ from heddle.scheduler import PoolShape
 
 from ._builders import instance_name
 
-__all__ = ["PodView", "PoolActions", "plan_pool"]
+__all__ = ["PodView", "PoolActions", "pool_actions"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class PoolActions:
         return not (self.create or self.drain or self.delete)
 
 
-def plan_pool(
+def pool_actions(
     pool: str,
     pods: list[PodView],
     desired: PoolShape,

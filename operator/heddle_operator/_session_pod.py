@@ -5,7 +5,7 @@ reads the job and its EnginePool through the Kubernetes API (credentials as
 the operator loads them), the pool's worker endpoints from the pool's status
 and the worker token from ``HEDDLE_WORKER_TOKEN`` (a ``secretKeyRef`` to the
 pool's Secret: the pod needs no access to Secrets). It builds the session
-through the same path as ``heddle run`` (:func:`heddle.rollout._run.build_session`),
+through the same path as ``heddle run`` (:func:`heddle.rollout.build_session`),
 writes the output to the job's own volumes, and patches the job's status
 itself. The operator never sees a step: it reads what the session publishes
 (``plannedShape``, ``resident``, ``drained``, ``weightVersions``) to reshape
@@ -27,35 +27,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from heddle.api import EnginePoolSpec, RolloutJobSpec
+from heddle.api import EnginePoolSpec, InstancePhase, JobPhase, RolloutJobSpec
 from heddle.exceptions import CheckpointError, HeddleError, ManifestError
 from heddle.rollout import (
     ExternalEnvironment,
     Gateway,
     HostAllowList,
+    LocalJob,
     OutputSink,
     RolloutSession,
     SessionConfig,
     SessionMetrics,
     TaskSet,
-    check_tool_hosts,
-    read_tasks,
-)
-from heddle.rollout._run import (
-    LocalJob,
     build_environment,
     build_session,
+    check_tool_hosts,
     job_workload,
     perf_model_for,
     plan_pool,
+    read_tasks,
     resolve_job,
 )
 from heddle.worker import TOKEN_ENV, WorkerEndpoint
 
-from ._builders import condition, now_iso, shape_entries
+from ._builders import condition, now_iso
 from ._job_status import FINISHED, JobStatus, progress_fields
 from ._kube import CONFIGMAPS, ENGINEPOOLS, ROLLOUTJOBS, ApiError, KubeClient, RetryPolicy
 from ._session_builders import GATEWAY_PORT, gateway_url
+from ._session_status import SessionPublished
 
 __all__ = ["SESSION_RETRY", "SessionPodConfig", "ready_workers", "run_session_pod"]
 
@@ -88,7 +87,7 @@ def ready_workers(
     return {
         i["name"]: WorkerEndpoint(i["name"], i["endpoint"], int(i["tp"]), token)
         for i in (pool_body.get("status") or {}).get("instances", [])
-        if i.get("phase") == "Ready" and i.get("endpoint")
+        if i.get("phase") == InstancePhase.READY and i.get("endpoint")
     }
 
 
@@ -96,7 +95,7 @@ def _draining(pool_body: Mapping[str, Any]) -> set[str]:
     return {
         i["name"]
         for i in (pool_body.get("status") or {}).get("instances", [])
-        if i.get("phase") in ("Draining", "Failed")
+        if i.get("phase") in (InstancePhase.DRAINING, InstancePhase.FAILED)
     }
 
 
@@ -116,20 +115,21 @@ async def run_session_pod(
         check_tool_hosts(job, HostAllowList.from_env())
         job_workload(job, lambda name: config.base_dir / name)  # a bad file is a bad spec
     except HeddleError as exc:
-        await status.write("Failed", [condition("Valid", False, "InvalidSpec", str(exc))],
+        await status.write(JobPhase.FAILED, [condition("Valid", False, "InvalidSpec", str(exc))],
                            completionTime=now_iso())  # fmt: skip
         return 0
     try:
         await _run(config, kube, job, status, metrics or SessionMetrics())
     except CheckpointError as exc:
-        await status.write("Failed", [condition("WeightsLoaded", False, "CheckpointNotLoaded",
-                           str(exc))], completionTime=now_iso())  # fmt: skip
+        await status.write(JobPhase.FAILED, [condition("WeightsLoaded", False,
+                           "CheckpointNotLoaded", str(exc))], completionTime=now_iso())  # fmt: skip
     except HeddleError as exc:
-        await status.write("Failed", [condition("Complete", False, "SessionFailed", str(exc))],
+        await status.write(JobPhase.FAILED,
+                           [condition("Complete", False, "SessionFailed", str(exc))],
                            completionTime=now_iso())  # fmt: skip
     except Exception as exc:  # not Heddle's own: the job fails with a sentence, not a restart loop
         log.error("RolloutJob %s/%s failed", job.namespace, job.name, exc_info=True)
-        await status.write("Failed", [condition("Complete", False, "InternalError",
+        await status.write(JobPhase.FAILED, [condition("Complete", False, "InternalError",
             f"the session stopped on an unexpected {type(exc).__name__}; "
             "the session pod's log has the details",
         )], completionTime=now_iso())  # fmt: skip
@@ -163,16 +163,16 @@ async def _wait_for_pool(
     while True:
         pool_body = await kube.get(ENGINEPOOLS, job.namespace, job.engine_pool)
         if pool_body is None:
-            await status.write("Pending", [valid, condition(
+            await status.write(JobPhase.PENDING, [valid, condition(
                 "PoolReady", False, "PoolNotFound",
                 f"EnginePool {job.engine_pool!r} does not exist in namespace {job.namespace}; "
                 "create it or fix spec.enginePool",
-            )], force=status.phase != "Pending")  # fmt: skip
+            )], force=status.phase is not JobPhase.PENDING)  # fmt: skip
         elif not ready_workers(pool_body):
-            await status.write("Pending", [valid, condition(
+            await status.write(JobPhase.PENDING, [valid, condition(
                 "PoolReady", False, "NoReadyInstances",
                 f"EnginePool {job.engine_pool!r} has no ready instance yet",
-            )], force=status.phase != "Pending")  # fmt: skip
+            )], force=status.phase is not JobPhase.PENDING)  # fmt: skip
         else:
             first_ready = first_ready or time.monotonic()
             # The whole pool if it comes soon (every instance then loads the job's weights
@@ -198,7 +198,7 @@ async def _run(
     plan = await asyncio.to_thread(plan_pool, local, perf)  # mini-simulations
     planned: dict[str, Any] = {}
     if pool.shape is None:  # the operator reshapes the pool to it (docs/operator.md)
-        planned["plannedShape"] = shape_entries(plan.shape)
+        planned.update(SessionPublished(planned_shape=plan.shape).fields())
     token = os.environ.get(TOKEN_ENV) or None
     workers = ready_workers(pool_body, token)
     # What instances loaded before (an earlier job's checkpoint), so they are not loaded again.
@@ -232,7 +232,7 @@ async def _run(
         condition("Running", True, "SessionRunning", _running(job.policy, plan.policy)),
     ]
     try:
-        await status.write("Running", running, startTime=now_iso(), **planned)
+        await status.write(JobPhase.RUNNING, running, startTime=now_iso(), **planned)
         await _drive(config, kube, local, session, status, workers, token)
         if served is not None:
             await asyncio.sleep(config.gateway_linger_s)
@@ -261,10 +261,10 @@ async def _drive(
                     await _sync_workers(kube, job, session, workers, token)
                     next_poll = time.monotonic() + config.poll_s
                 if not loaded and (weights := _weights_loaded(job, session)):
-                    await status.write("Running", weights)
+                    await status.write(JobPhase.RUNNING, weights)
                     loaded = weights
                 await status.write(
-                    "Running", force=False, **progress_fields(session.progress()),
+                    JobPhase.RUNNING, force=False, **progress_fields(session.progress()),
                     **_published(session, workers),
                 )  # fmt: skip
             except ApiError as exc:  # the API server slow or away: the rollout goes on
@@ -288,7 +288,7 @@ async def _drive(
     for attempt in range(FINAL_WRITE_ATTEMPTS):  # the end must be told; a restart would re-read
         try:
             await status.write(
-                "Succeeded", final, completionTime=now_iso(), **progress_fields(p),
+                JobPhase.SUCCEEDED, final, completionTime=now_iso(), **progress_fields(p),
                 **_published(session, workers),
             )  # fmt: skip
             return
@@ -302,12 +302,12 @@ def _published(session: RolloutSession, workers: Mapping[str, WorkerEndpoint]) -
     """What the operator reads from the job: unfinished trajectories per instance, the
     instances this session stopped using and emptied (a draining one may then go), and
     the checkpoint version each instance loaded."""
-    resident = {name: session.resident_on(name) for name in sorted(workers)}
-    return {
-        "resident": resident,
-        "drained": session.drained(),
-        "weightVersions": dict(session.weights.versions),
-    }
+    return SessionPublished(
+        resident={name: session.resident_on(name) for name in sorted(workers)},
+        drained=tuple(session.drained()),
+        weight_versions=dict(session.weights.versions),
+        replans=session.replans,
+    ).fields()
 
 
 def _weights_loaded(job: RolloutJobSpec, session: RolloutSession) -> list[dict[str, str]]:

@@ -13,7 +13,7 @@ from heddle.exceptions import ConfigError, HeddleError
 from .._cluster import ClusterSpec
 from .._migration import Move, NoMigration
 from .._perf import EngineInstance, PerfModel
-from .._placement import ClusterView, DPPlacement, PlacementPlan, plan_placement
+from .._placement import ClusterView, DPPlacement, PlacementPlan
 from .._policies import (
     SchedulingPolicy,
     get_policy,
@@ -23,6 +23,7 @@ from .._policies import (
     make_predictor,
 )
 from .._predictor import LengthPredictor, OraclePredictor
+from .._replan import DrainingEngine, ReplanState, decide_replan
 from .._reshape import Merge, TailMergeConfig, TailMergePlanner
 from .._shape import ShapeConfig
 from .._types import FinishedTrajectory, PoolShape, Trajectory, TrajectoryState
@@ -400,48 +401,37 @@ class Simulator:
             return
         self._dispatch(sim, now)
 
+    def _replan_state(self, now: float) -> ReplanState:
+        """The simulator's state as the re-plan decision sees it."""
+        live = [s.traj for s in self._unfinished.values()]
+        movable = [t for t in live if self.sims[t.id].migrating_to is None]
+        draining = {
+            n: DrainingEngine(self.engines[n].instance, self.engines[n].load)
+            for n in sorted(self._draining)
+        }
+        return ReplanState(live, movable, self._view(), now, draining, frozenset(self._moving))
+
     def _replan(self, now: float) -> float:
         """Plan on the state at ``now``; return the CPU seconds charged for it."""
         self.replans += 1
-        live = [s.traj for s in self._unfinished.values()]
-        if not live:
+        if not self._unfinished:
             return 0.0
-        view = self._view()
-        candidates = [t for t in live if self.sims[t.id].migrating_to is None]
+        state = self._replan_state(now)
         spent = 0.0
         if self._placement_cost is not None:
-            spent += self._placement_cost.placement_s(len(live), len(view.instances))
+            spent += self._placement_cost.placement_s(len(state.live), len(state.view.instances))
         if self._migration_cost is not None:
-            spent += self._migration_cost.migration_s(len(candidates))
-        plan: PlacementPlan | None = None
-        target: Callable[[Trajectory], str | None] = self.placement.target
-        if spent > 0 and isinstance(self.placement, DPPlacement):
-            # Computed now, adopted when the planner returns; moves aim at the new plan.
-            new_plan = plan = plan_placement(live, view.instances)
-            target = lambda t: new_plan.assignment.get(t.id)  # noqa: E731
-        else:
-            self.placement.replan(live, view)
-        instances = {i.name: i for i in view.instances}
-        load: Mapping[str, int] = view.load
-        if self._draining:  # their trajectories leave during tool calls, whatever the gain
-            instances.update((n, self.engines[n].instance) for n in self._draining)
-            load = {**view.load, **{n: self.engines[n].load for n in self._draining}}
-        moves = self.migration.plan(
-            candidates,
-            target,
-            instances,
-            load,
-            now,
-            busy=self._moving,
-            draining=self._draining,
-        )
+            spent += self._migration_cost.migration_s(len(state.movable))
+        # With a CPU cost the plan is computed now and adopted when the planner returns;
+        # the moves aim at the new plan.
+        decision = decide_replan(state, self.placement, self.migration, defer=spent > 0)
         if spent <= 0:
-            for move in moves:
+            for move in decision.moves:
                 self._start_move(move, now)
             return 0.0
         self.planner_s += spent
         self._busy_until = max(self._busy_until, now + spent)
-        self._pending = (plan, moves)
+        self._pending = (decision.deferred_plan, list(decision.moves))
         self._push(now + spent, _PLANNED, "")
         return spent
 

@@ -14,11 +14,13 @@ from heddle.api import (
     MAX_TRAJECTORIES,
     EnginePoolSpec,
     RolloutJobSpec,
+    SamplingSpec,
     check_trajectories,
     load_manifests,
 )
 from heddle.exceptions import ManifestError
-from heddle.scheduler import SAMPLING_LIMITS, PoolShape
+from heddle.scheduler import SAMPLING_DEFAULTS, SAMPLING_LIMITS, PoolShape
+from heddle.worker import Sampling, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -215,6 +217,27 @@ def test_crd_sampling_ranges_are_the_parsers() -> None:
     for key in ("maxTokensPerTurn", "maxTotalTokens"):
         assert crd[key]["minimum"] == lim.max_tokens_min, key
     assert (crd["seed"]["minimum"], crd["seed"]["maximum"]) == (lim.seed_min, lim.seed_max)
+
+
+def test_crd_sampling_defaults_are_the_one_source() -> None:
+    """The CRD's defaults, the parser's, the worker's and the engine's are SAMPLING_DEFAULTS."""
+    crd, default = _crd_sampling(), SAMPLING_DEFAULTS
+    assert (crd["temperature"]["default"], crd["topP"]["default"]) == (
+        default.temperature,
+        default.top_p,
+    )
+    assert crd["maxTokensPerTurn"]["default"] == default.max_tokens_per_turn
+    assert crd["maxTotalTokens"]["default"] == default.max_total_tokens
+    assert RolloutJobSpec.from_manifest(_with(JOB, "spec.sampling", {})).sampling == SamplingSpec()
+    request = SamplingParams()
+    assert (request.max_tokens, request.temperature, request.top_p) == (
+        default.max_tokens_per_request,
+        default.temperature,
+        default.top_p,
+    )
+    assert Sampling() == Sampling(
+        default.max_tokens_per_request, default.temperature, default.top_p
+    )
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heddle.operator import OwnWrites, PodView, plan_pool
+from heddle.operator import OwnWrites, PodView, pool_actions
 from heddle.scheduler import PoolShape
 
 
@@ -14,7 +14,7 @@ def _pods(*specs: tuple[str, int, str]) -> list[PodView]:
 
 
 def test_empty_pool_creates_the_shape_largest_tp_first() -> None:
-    actions = plan_pool("p", [], PoolShape.of({2: 1, 1: 2}), 4, set())
+    actions = pool_actions("p", [], PoolShape.of({2: 1, 1: 2}), 4, set())
     assert actions.create == [("p-tp2-0", 2), ("p-tp1-0", 1), ("p-tp1-1", 1)]
     assert not actions.drain and not actions.delete
 
@@ -23,33 +23,33 @@ def test_reshape_drains_first_and_creates_only_within_budget() -> None:
     pods = _pods(("p-tp1-0", 1, "Ready"), ("p-tp1-1", 1, "Ready"), ("p-tp1-2", 1, "Ready"),
                  ("p-tp1-3", 1, "Ready"))  # fmt: skip
     target = PoolShape.of({2: 1, 1: 2})
-    first = plan_pool("p", pods, target, 4, set())
+    first = pool_actions("p", pods, target, 4, set())
     assert first.drain == ["p-tp1-3", "p-tp1-2"]  # newest first
     assert first.create == [] and first.blocked_gpus == 2  # 4 GPUs still held
     draining = [PodView(p.name, 1, "Draining", draining=p.name in first.drain) for p in pods]
-    second = plan_pool("p", draining, target, 4, {"p-tp1-3"})
+    second = pool_actions("p", draining, target, 4, {"p-tp1-3"})
     assert second.delete == ["p-tp1-3"] and second.create == []  # p-tp1-3 holds its GPU until gone
     gone = [p for p in draining if p.name != "p-tp1-3"]
-    third = plan_pool("p", gone, target, 4, {"p-tp1-2"})
+    third = pool_actions("p", gone, target, 4, {"p-tp1-2"})
     assert third.delete == ["p-tp1-2"] and third.create == []
-    last = plan_pool("p", [p for p in gone if p.name != "p-tp1-2"], target, 4, set())
+    last = pool_actions("p", [p for p in gone if p.name != "p-tp1-2"], target, 4, set())
     assert last.create == [("p-tp2-0", 2)]
 
 
 def test_failed_instance_is_deleted_and_replaced_when_budget_frees() -> None:
     pods = _pods(("p-tp1-0", 1, "Ready"), ("p-tp1-1", 1, "Failed"))
-    actions = plan_pool("p", pods, PoolShape.of({1: 2}), 2, set())
+    actions = pool_actions("p", pods, PoolShape.of({1: 2}), 2, set())
     assert actions.delete == ["p-tp1-1"] and actions.create == []
-    actions = plan_pool("p", pods[:1], PoolShape.of({1: 2}), 2, set())
+    actions = pool_actions("p", pods[:1], PoolShape.of({1: 2}), 2, set())
     assert actions.create == [("p-tp1-1", 1)]
 
 
 def test_rolling_update_one_outdated_instance_at_a_time() -> None:
     pods = [PodView(f"p-tp1-{i}", 1, "Ready", outdated=True) for i in range(3)]
-    actions = plan_pool("p", pods, PoolShape.of({1: 3}), 3, set())
+    actions = pool_actions("p", pods, PoolShape.of({1: 3}), 3, set())
     assert actions.drain == ["p-tp1-0"]
     busy = [PodView("p-tp1-0", 1, "Draining", draining=True), *pods[1:]]
-    assert plan_pool("p", busy, PoolShape.of({1: 3}), 3, set()).drain == []
+    assert pool_actions("p", busy, PoolShape.of({1: 3}), 3, set()).drain == []
 
 
 @settings(max_examples=200)
@@ -67,7 +67,7 @@ def test_never_plans_above_the_budget(
         for i, tp in enumerate(current)
     ]
     held = sum(p.tp for p in pods)
-    actions = plan_pool("p", pods, PoolShape.of(target), budget, set())
+    actions = pool_actions("p", pods, PoolShape.of(target), budget, set())
     new = sum(tp for _, tp in actions.create)
     assert new == 0 or held + new <= budget  # created only while everything that exists fits
     assert len({n for n, _ in actions.create} | {p.name for p in pods}) == len(

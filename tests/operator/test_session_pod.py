@@ -76,6 +76,24 @@ async def test_the_session_runs_in_a_pod_of_its_own_with_least_privilege(tmp_pat
         assert account.status_code == 200
 
 
+async def test_the_jobs_replan_interval_reaches_the_session_pod(tmp_path: Path) -> None:
+    """spec.scheduling.replanIntervalSeconds works on a cluster: the operator passes its own
+    SessionConfig (re-plan every 0.5 s here, _operator_fixture), and the job's 0.05 s wins.
+
+    The session publishes its re-plans in the job's status; at 0.5 s it could do at most
+    2 per second (plus one per worker that joins), so far more proves the job's value ran.
+    """
+    out = tmp_path / "out.jsonl"
+    async with cluster(tmp_path) as c:
+        await c.apply(pool("p", 2, [{"tp": 1, "replicas": 2}]))
+        await c.apply(job("j", "p", out, scheduling={"replanIntervalSeconds": 0.05}))
+        obj = await _finished(c, "j")
+        status = obj["status"]
+        assert status["phase"] == "Succeeded", status
+        at_most_operators = 2 * status["elapsedSeconds"] + 2 + 1
+        assert status["replans"] > 2 * at_most_operators, status
+
+
 async def test_the_job_goes_on_while_the_operator_is_stopped(tmp_path: Path) -> None:
     """The operator stops for 10 s mid-job; records keep arriving and the job's status keeps
     moving meanwhile, then the job ends with every trajectory once.

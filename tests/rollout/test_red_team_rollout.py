@@ -22,7 +22,7 @@ from heddle.rollout import (
     Gateway,
     HostAllowList,
     HostRefusedError,
-    ToolCall,
+    ToolInvocation,
     ToolsEnvironment,
     guarded_client,
 )
@@ -65,7 +65,7 @@ async def test_an_empty_allow_list_lets_a_tool_reach_nothing(tool_server: int) -
     by default, and its tool calls now go nowhere."""
     env = ToolsEnvironment(_tools(f"http://127.0.0.1:{tool_server}/call"), allowed=HostAllowList())
     try:
-        text, failed = await env.run(ToolCall("calc", {}), "t")
+        text, failed = await env.run(ToolInvocation("calc", {}), "t")
     finally:
         await env.close()
     assert failed
@@ -74,7 +74,7 @@ async def test_an_empty_allow_list_lets_a_tool_reach_nothing(tool_server: int) -
         _tools(f"http://127.0.0.1:{tool_server}/call"), allowed=HostAllowList.parse("*")
     )
     try:
-        assert await opened.run(ToolCall("calc", {}), "t") == ("42", False)  # the opt-out
+        assert await opened.run(ToolInvocation("calc", {}), "t") == ("42", False)  # the opt-out
     finally:
         await opened.close()
 

@@ -14,7 +14,7 @@ from heddle.rollout import HostAllowList, check_tool_hosts
 from heddle.rollout._tools import (
     MAX_REPLY_BYTES,
     HermesParser,
-    ToolCall,
+    ToolInvocation,
     call_tool,
 )
 
@@ -28,7 +28,7 @@ def test_hermes_parser_finds_calls_and_reports_bad_ones() -> None:
         '<tool_call>{oops}</tool_call><tool_call>{"arguments": {}}</tool_call>'
     )
     calls, errors = HermesParser().parse(text)
-    assert calls == [ToolCall("search", {"q": "kopf"}), ToolCall("calc", {"x": 1})]
+    assert calls == [ToolInvocation("search", {"q": "kopf"}), ToolInvocation("calc", {"x": 1})]
     assert len(errors) == 2
     assert "not valid JSON" in errors[0]
     assert '"name": string' in errors[1]
@@ -39,7 +39,7 @@ def _call(server: ToolServer, path: str, retries: int = 2, timeout: float = 2.0)
     async def go() -> str:
         async with httpx.AsyncClient() as client:
             endpoint = ToolEndpointSpec("t", server.url + path, timeout, retries)
-            return await call_tool(client, endpoint, ToolCall("t", {"x": 1}), "traj-1")
+            return await call_tool(client, endpoint, ToolInvocation("t", {"x": 1}), "traj-1")
 
     return asyncio.run(go())
 

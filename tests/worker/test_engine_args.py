@@ -78,16 +78,16 @@ def test_a_pool_with_an_unknown_extra_arg_is_refused_when_applied() -> None:
 
 @pytest.mark.slow
 def test_the_pinned_names_are_the_installed_vllms_engine_arguments() -> None:
-    import dataclasses
+    from heddle.worker._engine_arg_names import (
+        VLLM_ENGINE_ARG_NAMES,
+        VLLM_LINE,
+        installed_engine_arg_names,
+    )
 
-    import vllm
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    from heddle.worker._engine_arg_names import VLLM_ENGINE_ARG_NAMES, VLLM_LINE
-
-    assert vllm.__version__.startswith(VLLM_LINE + "."), vllm.__version__
-    installed = {f.name for f in dataclasses.fields(AsyncEngineArgs) if not f.name.startswith("_")}
+    line, installed = installed_engine_arg_names()
+    assert line == VLLM_LINE, f"vLLM {line} installed; worker/engine_arg_names.json has {VLLM_LINE}"
     assert installed == VLLM_ENGINE_ARG_NAMES, (
-        f"update worker/_engine_arg_names.py: add {sorted(installed - VLLM_ENGINE_ARG_NAMES)}, "
+        "run python -m heddle.worker._engine_arg_names to update worker/engine_arg_names.json: "
+        f"add {sorted(installed - VLLM_ENGINE_ARG_NAMES)}, "
         f"remove {sorted(VLLM_ENGINE_ARG_NAMES - installed)}"
     )

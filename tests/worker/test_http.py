@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from heddle.worker import HttpPool
+from heddle.worker import KEEP_ALIVE_S, HttpPool
 
 pytestmark = pytest.mark.anyio
 
@@ -51,6 +51,32 @@ async def test_replies_are_read_whole_and_connections_kept() -> None:
         assert got == [(200, b"{}")] * 5 and pool._open == 1
         with pytest.raises(Exception, match="malformed status line"):
             await pool.request("GET", "/bad")
+    finally:
+        await pool.aclose()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_connection_idle_past_the_servers_keep_alive_is_not_reused() -> None:
+    """One idle for longer than the worker keeps it is dropped before the request, so the
+    request opens a new connection at once instead of failing on the old one first."""
+    accepted: list[int] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(1)
+        await _serve(reader, writer)
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = HttpPool(f"http://127.0.0.1:{port}", max_connections=2)
+    try:
+        assert await pool.request("GET", "/length") == (200, b"{}")
+        assert await pool.request("GET", "/length") == (200, b"{}")
+        assert len(accepted) == 1  # fresh enough: reused
+        (conn,) = pool._idle
+        conn.idle_since -= KEEP_ALIVE_S  # as if it had idled through a long tool call
+        assert await pool.request("GET", "/length") == (200, b"{}")
+        assert len(accepted) == 2 and pool._open == 1 and pool._idle[0] is not conn
     finally:
         await pool.aclose()
         server.close()
