@@ -483,7 +483,7 @@ class RolloutSession:
             except StepFailedError as exc:
                 await self._finish(run, TrajectoryStatus.FAILED, "failed", str(exc))
                 return False
-            run.apply(worker, reply, self.sampling.logprobs)
+            run.apply(worker, reply, self.sampling.logprobs, run.step_weight_version)
             run.episode.note_step(len(run.tokens) - len(reply.token_ids), len(reply.token_ids))
             self._steps += 1
             self._tokens += len(reply.token_ids)
@@ -632,13 +632,16 @@ class RolloutSession:
                 self._promotions += 1  # re-prediction found it longer than thought: runs sooner
             self._last_priority[traj.id] = priority
             tools, tool_parser = run.episode.chat_tools()
+            # The worker refuses a step naming other weights than it serves (421), so the
+            # version named here is the one that produces the step's tokens.
+            run.step_weight_version = self.weights.spec.version if self.weights.spec else None
             reply = await client.generate(
                 traj.id,
                 messages=run.pending,
                 sampling=sampling,
                 priority=priority,
                 reset=reset,
-                weight_version=self.weights.spec.version if self.weights.spec else None,
+                weight_version=run.step_weight_version,
                 tools=tools,
                 tool_parser=tool_parser,
             )
