@@ -29,6 +29,7 @@ from prometheus_client import Counter
 
 from heddle.api import SamplingSpec, WeightsSpec
 from heddle.exceptions import (
+    ConfigError,
     HeddleError,
     StepFailedError,
     WorkerRejectedError,
@@ -209,6 +210,30 @@ class RolloutSession:
         if self._connected:
             self._connect(endpoint)
         self._admit(endpoint.name)
+
+    def push_weights(self, spec: WeightsSpec) -> None:
+        """New weights under the running rollout (docs/async.md).
+
+        Each worker leaves the view (no new step goes to it), finishes the steps it runs
+        (the worker settles them before it loads, aborting what outlasts its grace; an
+        aborted step is sent again), loads ``spec`` in place and takes steps again. Every
+        step sent from now on names ``spec.version``, and a worker still on the old
+        weights refuses it (421), so each record's ``segments`` say which version made
+        which tokens. Trajectories keep running: those in a tool gap never notice.
+        """
+        if self.weights.spec is None:
+            raise ConfigError(
+                f"job {self.job} names no spec.weights, so its workers have no version to "
+                "move from; give the job spec.weights to push new ones mid-rollout"
+            )
+        if spec == self.weights.spec:
+            return
+        log.info("%s: new weights, version %s (%s)", self.job, spec.version, spec.path)
+        self.weights.spec = spec
+        for name in list(self._endpoints):
+            self._live.discard(name)
+            self.weights.forget(name)
+            self.weights.request(name)
 
     def _serves_weights(self, name: str) -> None:
         self._live.add(name)

@@ -37,6 +37,7 @@ __all__ = [
     "SYNC_BASELINES",
     "IterationRun",
     "format_iterations",
+    "iteration_report",
     "iteration_runs",
     "run_iteration_bench",
 ]
@@ -46,7 +47,7 @@ ASYNC_BASELINES = ("verl-async", "areal", "slime-partial")
 # What each family is tuned over (the defaults of `heddle bench --iterations`).
 DEFAULT_CAPS: tuple[int | None, ...] = (None, 128)
 DEFAULT_ROLLOUT_SHARES: tuple[float, ...] = (0.625, 0.75, 0.875)
-DEFAULT_OVER_SAMPLES: tuple[float, ...] = (0.25, 0.5)
+DEFAULT_OVER_SAMPLES: tuple[float, ...] = (0.25, 0.5, 1.0)
 
 
 @dataclass(frozen=True)
@@ -224,11 +225,42 @@ def run_iteration_bench(
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             for key, result, wall in pool.map(_simulate, tasks):
                 record(key, result, wall)
+    return iteration_report(
+        workload=workload,
+        cluster=cluster,
+        gpus=pool_gpus,
+        rollout_tp=rollout_tp,
+        iterations=iterations,
+        max_staleness=max_staleness,
+        seed=seed,
+        trainer=trainer,
+        runs=runs,
+        results=results,
+        walls=walls,
+    )
+
+
+def iteration_report(
+    *,
+    workload: str,
+    cluster: str,
+    gpus: int,
+    rollout_tp: int,
+    iterations: int,
+    max_staleness: int,
+    seed: int,
+    trainer: TrainerModel,
+    runs: Sequence[IterationRun],
+    results: dict[str, dict[str, Any]],
+    walls: dict[str, float],
+) -> dict[str, Any]:
+    """The report (results.json) from each configuration's :class:`IterationResult` dict."""
+    cluster_spec = load_cluster(cluster)
     model = cluster_spec.perf_model().model
     report: dict[str, Any] = {
         "workload": workload,
         "cluster": cluster_spec.name,
-        "gpus": pool_gpus,
+        "gpus": gpus,
         "model": cluster_spec.model,
         "rollout_tp": rollout_tp,
         "iterations": iterations,
@@ -236,12 +268,13 @@ def run_iteration_bench(
         "seed": seed,
         "trainer": {
             **vars(trainer),
-            "seconds_per_token_on_pool": trainer.seconds_per_token(model, pool_gpus),
+            "seconds_per_token_on_pool": trainer.seconds_per_token(model, gpus),
             "weight_sync_s": trainer.sync_s(model),
         },
-        "runs": {key: {**r, "wall_s": walls[key]} for key, r in results.items()},
+        "runs": {key: {**r, "wall_s": walls.get(key, math.nan)} for key, r in results.items()},
     }
-    report["policies"] = _best_per_policy(runs, results)
+    done = [run for run in runs if run.key in results]
+    report["policies"] = _best_per_policy(done, results)
     report["summary"] = _summary(report["policies"])
     return report
 
