@@ -211,6 +211,11 @@ class RolloutSession:
             self._connect(endpoint)
         self._admit(endpoint.name)
 
+    @property
+    def steps(self) -> int:
+        """LLM steps finished so far (a trainer pushing weights every N steps reads it)."""
+        return self._steps
+
     def push_weights(self, spec: WeightsSpec) -> None:
         """New weights under the running rollout (docs/async.md).
 
