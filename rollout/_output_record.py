@@ -96,6 +96,7 @@ class OutputRecord(TypedDict):
     weight_version: str | None
     weight_versions: list[str]  # the distinct versions, oldest first (none: no spec.weights)
     segments: list[RecordSegment]  # one per step, in order
+    past_bound_restarts: int  # spec.asynchrony: restarts past the staleness bound
     metadata: dict[str, Any]
     task_index: int  # the task's place in the task set
     task_fields: dict[str, Any]  # a trainer row's own fields

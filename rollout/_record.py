@@ -71,6 +71,7 @@ class TrajectoryRun:
     # (weight version, response start, response end) of each step's generated tokens.
     segments: list[tuple[str | None, int, int]] = field(default_factory=list)
     step_weight_version: str | None = None  # the version the step under way names
+    past_bound_restarts: int = 0  # restarts because its first step fell past the bound
 
     def apply(
         self,
@@ -238,6 +239,7 @@ class TrajectoryRun:
             "policy": policy,
             "weight_version": weight_version,
             "weight_versions": [v for v in versions or [weight_version] if v is not None],
+            "past_bound_restarts": self.past_bound_restarts,
             "segments": [
                 {"weight_version": v, "response_start": a, "response_end": b}
                 for v, a, b in self.segments

@@ -14,7 +14,7 @@ import pytest
 
 from heddle.api import WeightsSpec
 from heddle.exceptions import ConfigError
-from heddle.rollout import LocalPool
+from heddle.rollout import LocalPool, RolloutSession
 from heddle.worker import WorkerEndpoint
 
 from .._rollout_fixtures import read_records
@@ -67,11 +67,81 @@ def test_weights_pushed_mid_rollout_change_later_steps_only(
     assert _versions(workers) == ["3", "3"]
 
 
-def test_pushing_weights_needs_a_job_with_weights(
-    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
-) -> None:
-    _, workers = sim_pool
+def test_pushing_weights_needs_a_job_with_weights(tmp_path: Path) -> None:
     tasks, env = _synthetic(1, 1)
-    session = _session(workers, tmp_path / "out.jsonl", tasks, env, 1)
+    worker = WorkerEndpoint("w0", "http://127.0.0.1:9")  # never contacted: refused before
+    session = _session([worker], tmp_path / "out.jsonl", tasks, env, 1)
     with pytest.raises(ConfigError, match=r"names no spec\.weights"):
         session.push_weights(WeightsSpec(str(tmp_path), "2"))
+
+
+def test_asynchrony_is_parsed_defaulted_and_checked_by_the_crd() -> None:
+    import jsonschema
+
+    from heddle.api import AsynchronySpec, RolloutJobSpec
+    from heddle.exceptions import ManifestError
+
+    from ..api.test_manifests import JOB, _with
+    from ..operator._cluster import validate
+
+    job = _with(JOB, "spec.asynchrony", {"maxStalenessVersions": 2, "pastBound": "drop"})
+    assert RolloutJobSpec.from_manifest(job).asynchrony == AsynchronySpec(2, "drop")
+    assert RolloutJobSpec.from_manifest(_with(JOB, "spec.asynchrony", {})).asynchrony == (
+        AsynchronySpec(1, "restart")
+    )
+    assert RolloutJobSpec.from_manifest(JOB).asynchrony is None
+    validate("rolloutjobs", job)
+    for bad, message in (
+        ({"pastBound": "keep"}, "choose one of ['restart', 'finish', 'drop']"),
+        ({"maxStalenessVersions": -1}, "maxStalenessVersions"),
+        ({"overSample": 0.5}, "overSample"),
+    ):
+        with pytest.raises(ManifestError) as err:
+            RolloutJobSpec.from_manifest(_with(JOB, "spec.asynchrony", bad))
+        assert message in str(err.value)
+    with pytest.raises(jsonschema.ValidationError):
+        validate("rolloutjobs", _with(JOB, "spec.asynchrony", {"pastBound": "keep"}))
+
+
+def test_trajectories_past_the_bound_follow_the_job(
+    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    """Bound 0: a trajectory with a step on older weights than the last push restarts on
+    the new ones, is dropped, or finishes on them, as the job's pastBound says."""
+    from heddle.api import AsynchronySpec
+
+    _, workers = sim_pool
+    v1, v2 = (WeightsSpec(fake_checkpoint(tmp_path / f"step-{n}"), str(n)) for n in (1, 2))
+    tasks, env = _synthetic(4, 4, tool_scale=0.5)
+    for past_bound in ("restart", "drop", "finish"):
+        out = tmp_path / f"{past_bound}.jsonl"
+        session = _session(
+            workers, out, tasks, env, 4, weights=v1, asynchrony=AsynchronySpec(0, past_bound)
+        )
+
+        async def go(session: RolloutSession = session) -> None:
+            run = asyncio.create_task(session.run())
+            while session.steps < 16 and not run.done():
+                await asyncio.sleep(0.02)
+            session.push_weights(v2)
+            await run
+
+        asyncio.run(go())
+        records = read_records(out)
+        keys = [(r["task_id"], r["sample"]) for r in records]
+        assert len(keys) == 16 and len(set(keys)) == 16  # nothing lost or duplicated
+        crossed = [r for r in records if len(r["weight_versions"]) > 1]
+        dropped = [r for r in records if r["finish_reason"] == "past_bound"]
+        restarted = [r for r in records if r["past_bound_restarts"]]
+        if past_bound == "restart":
+            assert session.past_bound_restarts == len(restarted) > 0
+            assert crossed == [] and dropped == []
+            assert all(r["weight_versions"] == ["2"] for r in restarted)
+        elif past_bound == "drop":
+            assert session.past_bound_drops == len(dropped) > 0
+            # Dropped at the first step boundary that saw it past the bound.
+            assert all(r["status"] == "failed" and r["weight_version"] == "1" for r in dropped)
+            assert restarted == []
+        else:
+            assert crossed and dropped == [] and restarted == []
+            assert all(r["weight_versions"] == ["1", "2"] for r in crossed)
