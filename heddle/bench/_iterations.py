@@ -4,8 +4,8 @@ Every policy of :data:`heddle.scheduler.sim.ITERATION_POLICIES` runs the same
 stream of GRPO groups (draws ``seed``, ``seed + 1``, ... of the workload, one
 batch of ``prompts`` groups per draw) through :class:`IterationSimulator`, each
 at every configuration its users tune: the synchronous baselines at every
-in-flight cap, the disaggregated ones at every rollout/trainer split, the
-partial-rollout ones at every over-sampling factor. The best configuration of
+in-flight cap, the disaggregated ones at every rollout/trainer split and cap,
+the partial-rollout ones at every over-sampling factor and cap. The best configuration of
 each policy by trained samples per second is its figure. Length bias: the mean
 and p90 output length of the samples each policy trained on, against the
 synchronous best-tuned run's (which trains on whole draws, so on the workload's
@@ -91,14 +91,16 @@ def iteration_runs(
             raise ConfigError(
                 f"unknown policy {name!r} for --iterations; valid: {', '.join(ITERATION_POLICIES)}"
             )
+        # The in-flight cap is every family's knob (verl's and slime's rollout concurrency,
+        # AReaL's max_concurrent_rollouts, the fully-async rollouter's concurrency).
         if name in SYNC_BASELINES:
             runs += [IterationRun(name, cap=c) for c in caps]
         elif name in ("verl-async", "areal"):
             if not splits:
                 raise ConfigError(f"{gpus} GPUs leave no rollout/trainer split at TP{rollout_tp}")
-            runs += [IterationRun(name, rollout_gpus=r) for r in splits]
+            runs += [IterationRun(name, cap=c, rollout_gpus=r) for r in splits for c in caps]
         else:
-            runs += [IterationRun(name, over_sample=o) for o in over_samples]
+            runs += [IterationRun(name, cap=c, over_sample=o) for o in over_samples for c in caps]
     return runs
 
 
