@@ -356,10 +356,10 @@ class IterationSimulator(Simulator):
 
     def _start(self, sim: SimTrajectory, now: float) -> None:
         self._in_flight += 1
-        self.first_version[sim.id] = self.rollout_version
-        self._unfinished_at[self.rollout_version] = (
-            self._unfinished_at.get(self.rollout_version, 0) + 1
-        )
+        # Started while the engines load new weights: its first token comes from those.
+        version = self.rollout_version + (1 if now < self.paused_until else 0)
+        self.first_version[sim.id] = version
+        self._unfinished_at[version] = self._unfinished_at.get(version, 0) + 1
         self._dispatch(sim, now)
 
     def _admit_groups(self, now: float) -> None:
