@@ -36,7 +36,9 @@ __all__ = [
     "MAX_RETRIES",
     "MAX_SAMPLES_PER_TASK",
     "MAX_TRAJECTORIES",
+    "PAST_BOUND",
     "SECRET_ARG_PATTERN",
+    "AsynchronySpec",
     "EnginePoolSpec",
     "EnvironmentSpec",
     "ExternalSpec",
@@ -427,6 +429,33 @@ def _weights(w: Fields) -> WeightsSpec:
     return WeightsSpec(path, version)
 
 
+# What happens to a trajectory older than the staleness bound when new weights arrive.
+PAST_BOUND = ("restart", "finish", "drop")
+
+
+@dataclass(frozen=True)
+class AsynchronySpec:
+    """``spec.asynchrony``: weights may change under the running rollout (docs/async.md).
+
+    A trajectory whose oldest step ran on weights more than ``max_staleness_versions``
+    pushes ago follows ``past_bound`` at its next step: ``restart`` (afresh, on the new
+    weights), ``finish`` (on the new weights; its segments say so) or ``drop`` (written
+    as failed, ``finish_reason: past_bound``).
+    """
+
+    max_staleness_versions: int = 1
+    past_bound: str = "restart"
+
+
+def _asynchrony(a: Fields) -> AsynchronySpec:
+    spec = AsynchronySpec(
+        max_staleness_versions=a.integer("maxStalenessVersions", 1, minimum=0),
+        past_bound=a.choice("pastBound", PAST_BOUND, "restart"),
+    )
+    a.done()
+    return spec
+
+
 @dataclass(frozen=True)
 class SessionPodSpec:
     """``spec.session``: the session pod's template (its volumes hold the job's files)."""
@@ -502,6 +531,7 @@ class RolloutJobSpec:
     output_path: str
     deadline_s: float | None
     weights: WeightsSpec | None = None
+    asynchrony: AsynchronySpec | None = None  # None: the weights never change mid-rollout
     session: SessionPodSpec = field(default_factory=SessionPodSpec)
     # Also write the token trace beside the output (trace_path(); docs/workloads.md).
     output_trace: bool = False
@@ -545,6 +575,7 @@ class RolloutJobSpec:
             output_path=output_path,
             deadline_s=deadline,
             weights=_weights(f.sub("weights")) if f.has("weights") else None,
+            asynchrony=_asynchrony(f.sub("asynchrony")) if f.has("asynchrony") else None,
             session=_session_pod(f.sub("session")),
             output_trace=output_trace,
         )

@@ -164,6 +164,7 @@ def to_verl(rec: Row, position: int) -> Row:
         "index": extra.get("index", rec.get("task_index", position)),
         "raw_prompt": _split_messages(rec)[0],
         "__num_turns__": len(rec["messages"]),
+        "weight_versions": _step_versions(rec),  # per step: off-policy correction per segment
     }
     return {"batch": batch, "non_tensor_batch": non_tensor}
 
@@ -171,11 +172,20 @@ def to_verl(rec: Row, position: int) -> Row:
 _SLIME_STATUS = {"done": "completed", "truncated": "truncated", "failed": "failed"}
 
 
+def _step_versions(rec: Row) -> list[str]:
+    """The weight version of each step (slime appends one per generate call), else the
+    record's one version (records written before segments were recorded)."""
+    segments = rec.get("segments")
+    if segments:
+        return [str(s["weight_version"]) for s in segments if s["weight_version"] is not None]
+    version = rec.get("weight_version")
+    return [] if version is None else [str(version)]
+
+
 def to_slime(rec: Row, position: int) -> Row:
     """slime ``Sample`` fields."""
     prompt_messages, rest = _split_messages(rec)
     response = rec["response_token_ids"]
-    version = rec.get("weight_version")
     return {
         "group_index": rec.get("task_index", position),
         "index": position,
@@ -186,7 +196,7 @@ def to_slime(rec: Row, position: int) -> Row:
         "label": _label(rec.get("task_fields") or {}),
         "reward": _reward(rec),
         "loss_mask": rec["response_mask"],
-        "weight_versions": [] if version is None else [str(version)],
+        "weight_versions": _step_versions(rec),
         "rollout_log_probs": rec.get("response_logprobs"),
         "status": _SLIME_STATUS.get(rec["status"], "failed"),
         "metadata": {**(rec.get("metadata") or {}), "heddle": _identity(rec)},
@@ -224,7 +234,11 @@ def to_openrlhf(rec: Row, position: int) -> Row:
         "index": rec.get("task_index", position),
         "prompts": _text(_split_messages(rec)[0]),
         "labels": _label(rec.get("task_fields") or {}),
-        "info": {**_identity(rec), "turns": rec.get("turns", 0)},
+        "info": {
+            **_identity(rec),
+            "turns": rec.get("turns", 0),
+            "weight_versions": _step_versions(rec),
+        },
     }
 
 

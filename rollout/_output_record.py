@@ -15,6 +15,7 @@ from typing import Any, NotRequired, TypedDict
 __all__ = [
     "OutputRecord",
     "RecordPlacement",
+    "RecordSegment",
     "RecordTimings",
     "RecordTokens",
     "RecordTrace",
@@ -62,6 +63,14 @@ class RecordTrace(TypedDict):
     tool_output_tokens: list[int]
 
 
+class RecordSegment(TypedDict):
+    """The tokens one step generated, and the weights that generated them."""
+
+    weight_version: str | None  # the version the step named (the worker refuses others)
+    response_start: int  # [start, end) in response_token_ids (and response_logprobs)
+    response_end: int
+
+
 class OutputRecord(TypedDict):
     task_id: str
     sample: int
@@ -82,7 +91,12 @@ class OutputRecord(TypedDict):
     placement: RecordPlacement
     trace: RecordTrace
     policy: str
-    weight_version: str | None  # the job's spec.weights.version
+    # The version of the first generated segment: the job's spec.weights.version unless
+    # the weights changed under the trajectory (then `segments` tells each step's).
+    weight_version: str | None
+    weight_versions: list[str]  # the distinct versions, oldest first (none: no spec.weights)
+    segments: list[RecordSegment]  # one per step, in order
+    past_bound_restarts: int  # spec.asynchrony: restarts past the staleness bound
     metadata: dict[str, Any]
     task_index: int  # the task's place in the task set
     task_fields: dict[str, Any]  # a trainer row's own fields

@@ -68,9 +68,19 @@ class TrajectoryRun:
     scoring: bool = False  # finished, its reward call under way
     # With a token trace (spec.output.trace): one entry per step, as trace_line() writes it.
     steps: list[dict[str, Any]] | None = None
+    # (weight version, response start, response end) of each step's generated tokens.
+    segments: list[tuple[str | None, int, int]] = field(default_factory=list)
+    step_weight_version: str | None = None  # the version the step under way names
+    past_bound_restarts: int = 0  # restarts because its first step fell past the bound
 
-    def apply(self, worker: str, reply: StepReply, want_logprobs: bool) -> None:
-        """Fold a finished step into the history."""
+    def apply(
+        self,
+        worker: str,
+        reply: StepReply,
+        want_logprobs: bool,
+        weight_version: str | None = None,
+    ) -> None:
+        """Fold a finished step into the history; ``weight_version`` produced its tokens."""
         # Per token, only the ids go through Python objects: masks and padding are
         # written as bytes (0.0 is eight zero bytes), the control loop's main cost.
         appended, generated = len(reply.appended_token_ids), len(reply.token_ids)
@@ -82,8 +92,10 @@ class TrajectoryRun:
                 self.logprobs.frombytes(bytes(8 * appended))
         self.tokens.extend(reply.appended_token_ids)
         self.mask.frombytes(bytes(appended))
+        start = len(self.tokens) - (self.prompt_len or 0)
         self.tokens.extend(reply.token_ids)
         self.mask.frombytes(b"\x01" * generated)
+        self.segments.append((weight_version, start, start + generated))
         if want_logprobs:
             raw = reply.logprobs or []
             # A logprob JSON cannot carry (-inf, NaN) arrives as null: kept as NaN here,
@@ -167,7 +179,7 @@ class TrajectoryRun:
         """Drop what only the record needed, once it is written: a long job's finished
         trajectories would otherwise hold their whole histories until the job ends."""
         self.tokens, self.mask, self.logprobs = array("i"), array("b"), array("d")
-        self.messages, self.pending, self.steps_on = [], [], []
+        self.messages, self.pending, self.steps_on, self.segments = [], [], [], []
         if self.steps is not None:
             self.steps = []
 
@@ -179,6 +191,12 @@ class TrajectoryRun:
         mask = self.mask[prompt_len:]
         finished = self.finished_at or time.time()
         generated = sum(mask)
+        versions: list[str | None] = []
+        for version, _, _ in self.segments:
+            if version not in versions:
+                versions.append(version)
+        if versions:  # the oldest weights that produced any of it (staleness counts from it)
+            weight_version = versions[0]
         rec: OutputRecord = {
             "task_id": self.task.id,
             "sample": self.sample,
@@ -220,6 +238,12 @@ class TrajectoryRun:
             },
             "policy": policy,
             "weight_version": weight_version,
+            "weight_versions": [v for v in versions or [weight_version] if v is not None],
+            "past_bound_restarts": self.past_bound_restarts,
+            "segments": [
+                {"weight_version": v, "response_start": a, "response_end": b}
+                for v, a, b in self.segments
+            ],
             "metadata": dict(self.task.metadata),
             "task_index": self.task_index,  # place in the task set: the trainer's batch order
             "task_fields": dict(self.task.fields),

@@ -518,6 +518,7 @@ def build_session(
         on_progress=on_progress,
         metrics=metrics,
         weights=local.job.weights,
+        asynchrony=local.job.asynchrony,
         weight_versions=weight_versions,
         max_trajectories_in_flight=plan.max_trajectories_in_flight,
         trace=trace,

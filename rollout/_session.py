@@ -27,8 +27,9 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from heddle.api import SamplingSpec, WeightsSpec
+from heddle.api import AsynchronySpec, SamplingSpec, WeightsSpec
 from heddle.exceptions import (
+    ConfigError,
     HeddleError,
     StepFailedError,
     WorkerRejectedError,
@@ -125,6 +126,7 @@ class RolloutSession:
         weight_versions: dict[str, str] | None = None,
         max_trajectories_in_flight: int | None = None,
         trace: OutputSink | None = None,
+        asynchrony: AsynchronySpec | None = None,
     ) -> None:
         if not workers:
             raise HeddleError("a rollout session needs at least one worker")
@@ -166,6 +168,13 @@ class RolloutSession:
         self.runs: dict[str, TrajectoryRun] = {}
         # With spec.weights, a worker takes steps only once it serves them (docs/rollouts.md).
         self.weights = WeightsKeeper(job, weights, weight_versions, self.config.step_timeout_s)
+        # spec.asynchrony: weight versions in the order they were pushed (the first: the
+        # job's), each with its place, which the staleness bound counts in.
+        self.asynchrony = asynchrony
+        self._version_index: dict[str, int] = {} if weights is None else {weights.version: 0}
+        self._pushes = 0
+        self.past_bound_restarts = 0
+        self.past_bound_drops = 0
         self._live: set[str] = set(self._endpoints) if weights is None else set()
         self._draining: set[str] = set()
         self._strikes: dict[str, int] = {}
@@ -213,6 +222,76 @@ class RolloutSession:
         if self._connected:
             self._connect(endpoint)
         self._admit(endpoint.name)
+
+    @property
+    def steps(self) -> int:
+        """LLM steps finished so far (a trainer pushing weights every N steps reads it)."""
+        return self._steps
+
+    def push_weights(self, spec: WeightsSpec) -> None:
+        """New weights under the running rollout (docs/async.md).
+
+        Each worker leaves the view (no new step goes to it), finishes the steps it runs
+        (the worker settles them before it loads, aborting what outlasts its grace; an
+        aborted step is sent again), loads ``spec`` in place and takes steps again. Every
+        step sent from now on names ``spec.version``, and a worker still on the old
+        weights refuses it (421), so each record's ``segments`` say which version made
+        which tokens. Trajectories keep running: those in a tool gap never notice.
+        """
+        if self.weights.spec is None:
+            raise ConfigError(
+                f"job {self.job} names no spec.weights, so its workers have no version to "
+                "move from; give the job spec.weights to push new ones mid-rollout"
+            )
+        if spec == self.weights.spec:
+            return
+        log.info("%s: new weights, version %s (%s)", self.job, spec.version, spec.path)
+        self.weights.spec = spec
+        self._pushes += 1
+        self._version_index[spec.version] = self._pushes
+        for name in list(self._endpoints):
+            self._live.discard(name)
+            self.weights.forget(name)
+            self.weights.request(name)
+
+    def _past_bound(self, run: TrajectoryRun) -> str | None:
+        """The version of ``run``'s oldest step when it is past the staleness bound, else None."""
+        if self.asynchrony is None or not run.segments:
+            return None
+        oldest = run.segments[0][0]
+        place = self._version_index.get(oldest) if oldest is not None else None
+        if place is None or self._pushes - place <= self.asynchrony.max_staleness_versions:
+            return None
+        return oldest
+
+    async def _follow_past_bound(self, run: TrajectoryRun) -> bool | None:
+        """Before a step: what spec.asynchrony.pastBound says for a trajectory past the bound.
+
+        None: go on (within the bound, or ``finish``: its segments show the versions);
+        True: start afresh on the weights served now (``restart``); False: written as
+        failed (``drop``).
+        """
+        stale = self._past_bound(run)
+        if stale is None or self.asynchrony is None or self.asynchrony.past_bound == "finish":
+            return None
+        if self.asynchrony.past_bound == "restart":
+            self.past_bound_restarts += 1
+            run.past_bound_restarts += 1
+            run.episode = self.environment.episode(
+                run.task, run.task_index, run.sample, run.traj.id
+            )
+            return True
+        self.past_bound_drops += 1
+        now = self.weights.spec.version if self.weights.spec else None
+        await self._finish(
+            run,
+            TrajectoryStatus.FAILED,
+            "past_bound",
+            f"its first step ran on weights version {stale}, more than "
+            f"{self.asynchrony.max_staleness_versions} pushes before version {now}; "
+            "spec.asynchrony.pastBound is drop",
+        )
+        return False
 
     def _serves_weights(self, name: str) -> None:
         self._live.add(name)
@@ -455,6 +534,7 @@ class RolloutSession:
             if run.resident is not None:
                 self._release_later(run.resident, run.traj.id)
             run.restart()
+            run.pending = list(run.task.messages)  # an external agent's opening replaces it
             self._predict(run)
 
     async def _finish_with(self, run: TrajectoryRun, outcome: Outcome) -> None:
@@ -474,6 +554,9 @@ class RolloutSession:
             if remaining <= 0:
                 await self._finish(run, TrajectoryStatus.TRUNCATED, "length")
                 return False
+            verdict = await self._follow_past_bound(run)
+            if verdict is not None:
+                return verdict
             max_tokens, ignore_eos = run.episode.turn_limit(
                 traj.turns, self.sampling.max_tokens_per_turn
             )
@@ -492,13 +575,18 @@ class RolloutSession:
             except StepFailedError as exc:
                 await self._finish(run, TrajectoryStatus.FAILED, "failed", str(exc))
                 return False
-            run.apply(worker, reply, self.sampling.logprobs)
+            run.apply(worker, reply, self.sampling.logprobs, run.step_weight_version)
             run.episode.note_step(len(run.tokens) - len(reply.token_ids), len(reply.token_ids))
             self._steps += 1
             self._tokens += len(reply.token_ids)
             self._rate.add(len(reply.token_ids))
             self._child(self.metrics.tokens, self.job).inc(len(reply.token_ids))
             self._child(self.metrics.steps, self.job, worker).inc()
+            # A step that ran across a push (finished on the old weights, or sent again on
+            # the new ones) may have put the trajectory past the bound: act before its tools.
+            verdict = await self._follow_past_bound(run)
+            if verdict is not None:
+                return verdict
             if traj.turns >= self.max_turns:
                 outcome_done, reason = True, "max_turns"
             else:
@@ -641,13 +729,16 @@ class RolloutSession:
                 self._promotions += 1  # re-prediction found it longer than thought: runs sooner
             self._last_priority[traj.id] = priority
             tools, tool_parser = run.episode.chat_tools()
+            # The worker refuses a step naming other weights than it serves (421), so the
+            # version named here is the one that produces the step's tokens.
+            run.step_weight_version = self.weights.spec.version if self.weights.spec else None
             reply = await client.generate(
                 traj.id,
                 messages=run.pending,
                 sampling=sampling,
                 priority=priority,
                 reset=reset,
-                weight_version=self.weights.spec.version if self.weights.spec else None,
+                weight_version=run.step_weight_version,
                 tools=tools,
                 tool_parser=tool_parser,
             )

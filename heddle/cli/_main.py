@@ -102,8 +102,36 @@ def _print_predictor(r: dict[str, Any]) -> None:
             print(f"  {label:18s} {cells}")
 
 
+def _cmd_iterations(args: argparse.Namespace, out: Path) -> int:
+    import heddle.bench._iterations as _iter
+    from heddle.scheduler.sim import ITERATION_POLICIES
+
+    policies = [p for p in (args.policies or ",".join(ITERATION_POLICIES)).split(",") if p]
+    report = _iter.run_iteration_bench(
+        workload=args.workload or "coding",
+        cluster=args.cluster,
+        policies=policies,
+        iterations=args.iterations,
+        max_staleness=args.max_staleness,
+        seed=args.seed,
+        prompts=args.prompts,
+        gpus=args.gpus,
+        rollout_tp=args.rollout_tp,
+        caps=_caps(args.baseline_caps) if args.baseline_caps else _iter.DEFAULT_CAPS,
+        jobs=args.jobs,
+        progress=not args.quiet,
+    )
+    print(_iter.format_iterations(report))
+    path = _write_json(out, "results.json", report)
+    print(f"wrote {path}")
+    return 0
+
+
 def _cmd_rollout(args: argparse.Namespace, out: Path) -> int:
     import heddle.bench as _bench
+
+    if args.iterations is not None:
+        return _cmd_iterations(args, out)
 
     policies = [p for p in (args.policies or DEFAULT_POLICIES).split(",") if p]
     if args.ablation:
@@ -571,6 +599,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_bench.add_argument(
         "--gpus", type=int, default=None, help="GPU budget (default: the cluster's; 64 for 'shape')"
+    )
+    p_bench.add_argument(
+        "--iterations",
+        type=int,
+        default=None,
+        metavar="N",
+        help="rollout: simulate N RL iterations of rollout and training (trained samples/s, "
+        "length bias) under verl, verl-star, slime, verl-async, areal, slime-partial, heddle",
+    )
+    p_bench.add_argument(
+        "--max-staleness",
+        type=int,
+        default=1,
+        metavar="S",
+        help="with --iterations: the staleness bound in weight versions (default 1)",
+    )
+    p_bench.add_argument(
+        "--rollout-tp",
+        type=int,
+        default=4,
+        help="with --iterations: TP of the rollout engines (default 4, the best-tuned TP of "
+        "the single-rollout sweep on coding, search and math)",
+    )
+    p_bench.add_argument(
+        "--jobs", type=int, default=1, help="with --iterations: configurations run in parallel"
     )
     p_bench.add_argument("--repeats", type=int, default=21)
     p_bench.add_argument("--seed", type=int, default=1)

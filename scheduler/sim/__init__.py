@@ -9,11 +9,24 @@ thousands of trajectories simulates in seconds. See docs/simulator.md.
 
 from ._bound import LowerBound, lower_bound
 from ._entities import SimEngine, SimTrajectory
+from ._iterations import (
+    ITERATION_POLICIES,
+    IterationPolicy,
+    IterationResult,
+    IterationSimulator,
+    TrainerModel,
+    iteration_policy,
+    stream_of,
+)
 from ._plan import SimulatedShapePlanner, workload_sketch
 from ._results import SimResult
 from ._simulator import PlannerCost, SimConfig, Simulator
 
 __all__ = [
+    "ITERATION_POLICIES",
+    "IterationPolicy",
+    "IterationResult",
+    "IterationSimulator",
     "LowerBound",
     "PlannerCost",
     "SimConfig",
@@ -22,6 +35,9 @@ __all__ = [
     "SimTrajectory",
     "SimulatedShapePlanner",
     "Simulator",
+    "TrainerModel",
+    "iteration_policy",
     "lower_bound",
+    "stream_of",
     "workload_sketch",
 ]

@@ -18,7 +18,7 @@ from .._perf import EngineInstance, PerfModel
 from .._types import Trajectory, TrajectoryState
 from .._workload import TrajectoryScript
 
-__all__ = ["Segment", "SimEngine", "SimTrajectory"]
+__all__ = ["Segment", "SimEngine", "SimTrajectory", "drop_caches", "interrupt_engine", "requeue"]
 
 
 @dataclass(slots=True)
@@ -371,3 +371,38 @@ class SimEngine:
             self._stop(victim)
             self.preemptions += 1
             self.enqueue(victim, now)  # its KV is gone: it recomputes on readmission
+
+
+def interrupt_engine(engine: SimEngine, now: float) -> list[SimTrajectory]:
+    """New weights reach ``engine`` at ``now``: stop its batch, forget every cached context.
+
+    The running segment ends at its first iteration boundary after ``now``; the steps that
+    finished in it are returned (the caller completes them). Every step still running is
+    stopped and re-queued: its KV was computed by the old weights, so it recomputes its
+    context under the new ones on readmission (what AReaL's interruptible generation, verl's
+    fully-async partial rollout and slime's abort-and-resume do). The caller completes the
+    finished steps, then calls :func:`drop_caches`.
+    """
+    done: list[SimTrajectory] = []
+    seg = engine.segment
+    if seg is not None:
+        if now < seg.end_s:
+            engine.cut_segment(now)
+        done = engine.finish_segment(now)
+    for sim in list(engine.running.values()):
+        engine._stop(sim)
+        engine.enqueue(sim, now)
+    engine.version += 1  # the pending wake-up is void
+    return done
+
+
+def drop_caches(engine: SimEngine) -> None:
+    """Forget every idle context: its KV came from weights the engine no longer holds."""
+    engine.cache = _IdleCache()
+    engine.pending_prefill_tokens = 0
+
+
+def requeue(engine: SimEngine) -> None:
+    """Rebuild the waiting queue from current priorities (they changed with the version)."""
+    engine._queue = [(engine.priority(s.traj), s.id) for s in engine.waiting.values()]
+    heapq.heapify(engine._queue)

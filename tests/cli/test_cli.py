@@ -230,3 +230,37 @@ def test_an_unknown_pod_policy_exemption_stops_the_operator_with_a_sentence() ->
         "['hostNetwork', 'hostPath', 'secretVolumes', 'serviceAccountToken', 'otherVolumes', "
         "'capabilities']"
     )
+
+
+def test_bench_iterations_writes_trained_samples_and_length_bias(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["bench", "--iterations", "2", "--max-staleness", "1", "--workload", "math"]
+    argv += ["--prompts", "4", "--gpus", "8", "--policies", "verl,areal,heddle"]
+    argv += ["--baseline-caps", "none", "--quiet", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert set(report["policies"]) == {"verl", "areal", "heddle"}
+    # areal at every split the pool allows (TP4 engines: 4 of 8 GPUs), heddle at every
+    # over-sampling factor; each policy's figure is its best configuration's.
+    assert set(report["runs"]) == {"verl", "areal rollout4", *(
+        f"heddle over{o}" for o in ("0.25", "0.5", "1")
+    )}  # fmt: skip
+    for name, best in report["policies"].items():
+        mine = [r for k, r in report["runs"].items() if k.split()[0] == name]
+        assert best["trained_samples_per_s"] == max(r["trained_samples_per_s"] for r in mine)
+        assert best["trained_samples"] == 2 * 4 * 16
+        assert best["trained_p90_tokens"] >= best["trained_mean_tokens"] > 0
+    assert report["policies"]["verl"]["staleness_max"] == 0
+    assert report["policies"]["heddle"]["staleness_max"] <= 1
+    summary = report["summary"]
+    assert summary["length_bias"]["verl"] == {"mean": 0.0, "p90": 0.0}
+    ratio = summary["heddle_over_best_sync"]
+    heddle, verl = report["policies"]["heddle"], report["policies"]["verl"]
+    assert ratio == pytest.approx(heddle["trained_samples_per_s"] / verl["trained_samples_per_s"])
+    assert "heddle / best synchronous (verl)" in capsys.readouterr().out
+
+
+def test_bench_iterations_refuses_an_unknown_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--iterations", "2", "--policies", "verl,fast"]) == 2
+    assert "unknown policy 'fast' for --iterations" in capsys.readouterr().err

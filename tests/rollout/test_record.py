@@ -58,3 +58,39 @@ def test_the_record_written_is_the_typed_output_record_and_the_docs_name_every_f
     output = docs[docs.index("## Output: one JSON line") : docs.index("## Export to a trainer")]
     missing = sorted(f for f in fields if f'"{f}"' not in output and f"`{f}`" not in output)
     assert missing == [], f"docs/rollouts.md's Output section does not name {missing}"
+
+
+def test_a_trajectory_across_weight_versions_says_so_step_by_step() -> None:
+    """Each step's tokens carry the version that generated them; the export to slime lists
+    one version per step, and the logprobs of each segment are that policy's."""
+    from heddle.rollout import TRAINERS, TrajectoryStatus
+
+    run = _run()
+    run.apply("w", StepReply([1, 2], [5, 6], "a", "stop", 2, 0, [-0.1, -0.2], 0, 0), True, "3")
+    run.apply(
+        "w", StepReply([9], [7, 8, 4], "b", "stop", 5, 0, [-1.0, -2.0, -3.0], 0, 0), True, "4"
+    )
+    run.status = TrajectoryStatus.DONE
+    record = run.record(policy="heddle", want_logprobs=True, weight_version="4")
+    # response = [5, 6] + tool [9] + [7, 8, 4]: the second step's tokens start at 3.
+    assert record["segments"] == [
+        {"weight_version": "3", "response_start": 0, "response_end": 2},
+        {"weight_version": "4", "response_start": 3, "response_end": 6},
+    ]
+    assert record["weight_version"] == "3"  # the oldest: staleness counts from it
+    assert record["weight_versions"] == ["3", "4"]
+    second = record["segments"][1]
+    logprobs = record["response_logprobs"][second["response_start"] : second["response_end"]]
+    assert logprobs == [-1.0, -2.0, -3.0]
+    assert all(record["response_mask"][second["response_start"] : second["response_end"]])
+    row = json.loads(json.dumps(record))
+    assert TRAINERS["slime"](row, 0)["weight_versions"] == ["3", "4"]
+    assert TRAINERS["verl"](row, 0)["non_tensor_batch"]["weight_versions"] == ["3", "4"]
+
+
+def test_without_named_weights_the_versions_stay_empty() -> None:
+    run = _run()
+    run.apply("w", StepReply([1], [5], "x", "stop", 1, 0, None, 0.0, 0.0), want_logprobs=False)
+    record = run.record(policy="heddle", want_logprobs=False)
+    assert record["weight_version"] is None and record["weight_versions"] == []
+    assert record["segments"] == [{"weight_version": None, "response_start": 0, "response_end": 1}]

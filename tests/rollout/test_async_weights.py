@@ -1,0 +1,147 @@
+"""New weights under a running rollout (docs/async.md): the session pushes them to every
+worker, which finishes its steps, loads them in place and goes on; nothing is lost or
+duplicated, and every record says, step by step, which version made which tokens.
+
+The session runs on real ``heddle worker --engine sim`` processes over HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from heddle.api import WeightsSpec
+from heddle.exceptions import ConfigError
+from heddle.rollout import LocalPool, RolloutSession
+from heddle.worker import WorkerEndpoint
+
+from .._rollout_fixtures import read_records
+from ..worker.test_weights import fake_checkpoint
+from .test_session import _session, _synthetic
+from .test_weights import _versions
+
+
+def test_weights_pushed_mid_rollout_change_later_steps_only(
+    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    _, workers = sim_pool
+    v1, v2, v3 = (WeightsSpec(fake_checkpoint(tmp_path / f"step-{n}"), str(n)) for n in (1, 2, 3))
+    tasks, env = _synthetic(8, 4, tool_scale=0.5)  # multi-turn, with tool gaps
+    out = tmp_path / "out.jsonl"
+    session = _session(workers, out, tasks, env, 4, weights=v1)
+    pushed_at: list[int] = []
+
+    async def go() -> None:
+        run = asyncio.create_task(session.run())
+        for spec in (v2, v3):
+            while session._steps < 40 * (len(pushed_at) + 1) and not run.done():
+                await asyncio.sleep(0.02)
+            pushed_at.append(session._steps)
+            session.push_weights(spec)
+        await run
+
+    asyncio.run(go())
+    records = read_records(out)
+    # Nothing lost or duplicated: one record per (task, sample), every one finished.
+    keys = [(r["task_id"], r["sample"]) for r in records]
+    assert len(keys) == 32 and len(set(keys)) == 32
+    assert {r["status"] for r in records} == {"done"}
+    order = {"1": 1, "2": 2, "3": 3}
+    crossed = 0
+    for r in records:
+        segments = r["segments"]
+        assert len(segments) == r["turns"]
+        versions = [order[s["weight_version"]] for s in segments]
+        assert versions == sorted(versions), "a step ran on older weights than the one before"
+        assert r["weight_version"] == segments[0]["weight_version"]
+        assert r["weight_versions"] == sorted(set(r["weight_versions"]), key=order.__getitem__)
+        # The segments tile the generated tokens exactly (tool tokens between them).
+        mask = r["response_mask"]
+        covered = [i for s in segments for i in range(s["response_start"], s["response_end"])]
+        assert covered == [i for i, m in enumerate(mask) if m == 1]
+        crossed += len(set(versions)) > 1
+    assert crossed > 0, "no trajectory ran across a weight push"
+    assert {s["weight_version"] for r in records for s in r["segments"]} == {"1", "2", "3"}
+    assert _versions(workers) == ["3", "3"]
+
+
+def test_pushing_weights_needs_a_job_with_weights(tmp_path: Path) -> None:
+    tasks, env = _synthetic(1, 1)
+    worker = WorkerEndpoint("w0", "http://127.0.0.1:9")  # never contacted: refused before
+    session = _session([worker], tmp_path / "out.jsonl", tasks, env, 1)
+    with pytest.raises(ConfigError, match=r"names no spec\.weights"):
+        session.push_weights(WeightsSpec(str(tmp_path), "2"))
+
+
+def test_asynchrony_is_parsed_defaulted_and_checked_by_the_crd() -> None:
+    import jsonschema
+
+    from heddle.api import AsynchronySpec, RolloutJobSpec
+    from heddle.exceptions import ManifestError
+
+    from ..api.test_manifests import JOB, _with
+    from ..operator._cluster import validate
+
+    job = _with(JOB, "spec.asynchrony", {"maxStalenessVersions": 2, "pastBound": "drop"})
+    assert RolloutJobSpec.from_manifest(job).asynchrony == AsynchronySpec(2, "drop")
+    assert RolloutJobSpec.from_manifest(_with(JOB, "spec.asynchrony", {})).asynchrony == (
+        AsynchronySpec(1, "restart")
+    )
+    assert RolloutJobSpec.from_manifest(JOB).asynchrony is None
+    validate("rolloutjobs", job)
+    for bad, message in (
+        ({"pastBound": "keep"}, "choose one of ['restart', 'finish', 'drop']"),
+        ({"maxStalenessVersions": -1}, "maxStalenessVersions"),
+        ({"overSample": 0.5}, "overSample"),
+    ):
+        with pytest.raises(ManifestError) as err:
+            RolloutJobSpec.from_manifest(_with(JOB, "spec.asynchrony", bad))
+        assert message in str(err.value)
+    with pytest.raises(jsonschema.ValidationError):
+        validate("rolloutjobs", _with(JOB, "spec.asynchrony", {"pastBound": "keep"}))
+
+
+def test_trajectories_past_the_bound_follow_the_job(
+    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    """Bound 0: a trajectory with a step on older weights than the last push restarts on
+    the new ones, is dropped, or finishes on them, as the job's pastBound says."""
+    from heddle.api import AsynchronySpec
+
+    _, workers = sim_pool
+    v1, v2 = (WeightsSpec(fake_checkpoint(tmp_path / f"step-{n}"), str(n)) for n in (1, 2))
+    tasks, env = _synthetic(4, 4, tool_scale=0.5)
+    for past_bound in ("restart", "drop", "finish"):
+        out = tmp_path / f"{past_bound}.jsonl"
+        session = _session(
+            workers, out, tasks, env, 4, weights=v1, asynchrony=AsynchronySpec(0, past_bound)
+        )
+
+        async def go(session: RolloutSession = session) -> None:
+            run = asyncio.create_task(session.run())
+            while session.steps < 16 and not run.done():
+                await asyncio.sleep(0.02)
+            session.push_weights(v2)
+            await run
+
+        asyncio.run(go())
+        records = read_records(out)
+        keys = [(r["task_id"], r["sample"]) for r in records]
+        assert len(keys) == 16 and len(set(keys)) == 16  # nothing lost or duplicated
+        crossed = [r for r in records if len(r["weight_versions"]) > 1]
+        dropped = [r for r in records if r["finish_reason"] == "past_bound"]
+        restarted = [r for r in records if r["past_bound_restarts"]]
+        if past_bound == "restart":
+            assert session.past_bound_restarts == len(restarted) > 0
+            assert crossed == [] and dropped == []
+            assert all(r["weight_versions"] == ["2"] for r in restarted)
+        elif past_bound == "drop":
+            assert session.past_bound_drops == len(dropped) > 0
+            # Dropped at the first step boundary that saw it past the bound.
+            assert all(r["status"] == "failed" and r["weight_version"] == "1" for r in dropped)
+            assert restarted == []
+        else:
+            assert crossed and dropped == [] and restarted == []
+            assert all(r["weight_versions"] == ["1", "2"] for r in crossed)
