@@ -208,7 +208,9 @@ class SamplingSpec:
     top_p: float = 1.0
     max_tokens_per_turn: int = 1024  # output tokens of one LLM step at most
     max_total_tokens: int = 8192  # output tokens of a whole trajectory at most
-    logprobs: bool = False  # record the sampled tokens' logprobs in the output
+    # The rollout policy's logprobs in the output: on by default, as off-policy correction
+    # (verl, slime, SkyRL, OpenRLHF, AReaL, ROLL) silently fails without them.
+    logprobs: bool = True
     seed: int | None = None  # per-trajectory seeds derive from it when set
 
 
@@ -228,7 +230,7 @@ def _sampling(s: Fields) -> SamplingSpec:
         ),
         max_tokens_per_turn=s.integer("maxTokensPerTurn", 1024, minimum=lim.max_tokens_min),
         max_total_tokens=s.integer("maxTotalTokens", 8192, minimum=lim.max_tokens_min),
-        logprobs=s.boolean("logprobs", False),
+        logprobs=s.boolean("logprobs", SamplingSpec.logprobs),
         seed=(
             s.integer("seed", minimum=lim.seed_min, maximum=lim.seed_max)
             if s.has("seed")

@@ -12,6 +12,7 @@ from ._admission import (
     AdmissionWindow,
 )
 from ._answers import expected_answer, extract_answer, same_answer
+from ._contract import FAILED_ROWS, is_placeholder, order_rows, placeholder_record
 from ._environments import (
     Environment,
     Episode,
@@ -22,9 +23,11 @@ from ._environments import (
 )
 from ._export import (
     TRAINERS,
+    action_ranges,
     check_record,
     collate_skyrl,
     collate_verl,
+    convert_records,
     export_rows,
     read_records,
     write_export,
@@ -166,6 +169,7 @@ __all__ = [
     "ALLOWED_HOSTS_ENV",
     "ANY_HOST",
     "DATA_ROOT",
+    "FAILED_ROWS",
     "GATEWAY_TOKEN_ENV",
     "LOCAL_DEFAULT",
     "MAX_REPLY_BYTES",
@@ -225,6 +229,7 @@ __all__ = [
     "TrajectoryRun",
     "TrajectoryStatus",
     "WeightsKeeper",
+    "action_ranges",
     "all_same",
     "build_session",
     "check_record",
@@ -232,6 +237,7 @@ __all__ = [
     "collate_skyrl",
     "collate_verl",
     "confine",
+    "convert_records",
     "create_gateway_app",
     "die_with_parent",
     "encode_record",
@@ -242,6 +248,7 @@ __all__ = [
     "first_difference",
     "gateway_file",
     "guarded_client",
+    "is_placeholder",
     "is_tiny_model",
     "job_workload",
     "load_bench_workload",
@@ -252,9 +259,11 @@ __all__ = [
     "make_scorer",
     "normal_message",
     "openai_call",
+    "order_rows",
     "parquet_rows",
     "parse_task",
     "perf_model_for",
+    "placeholder_record",
     "prepare_job",
     "prepare_manifests",
     "read_capped",

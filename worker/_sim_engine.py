@@ -188,9 +188,9 @@ class SimulatedEngine(Engine):
             time.monotonic(),
         )
         if self.scripted_replies:
-            req.script = self._scripted(context, sampling.max_tokens)
-            if req.script is not None:
-                req.remaining = max(1, len(req.script))
+            req.script = self._scripted(context)
+            if req.script is not None:  # cut at max_tokens: then it ends "length", as vLLM's
+                req.remaining = max(1, min(len(req.script), sampling.max_tokens))
         heapq.heappush(self._waiting, (priority, next(self._seq), req))
         self._wake.set()
         try:
@@ -208,13 +208,13 @@ class SimulatedEngine(Engine):
             heapq.heapify(self._waiting)
         self._wake.set()
 
-    def _scripted(self, context: list[int], max_tokens: int) -> list[int] | None:
+    def _scripted(self, context: list[int]) -> list[int] | None:
         text = self.decode(context)
         replies = _REPLY.findall(text)
         turn = text.count(_ASSISTANT_TURN) - 1
         if not 0 <= turn < len(replies):
             return None
-        return self.encode(replies[turn])[:max_tokens]
+        return self.encode(replies[turn])
 
     async def warm(self, trajectory_id: str, context: list[int]) -> None:
         cached = self._cache.get(trajectory_id, 0)
@@ -298,7 +298,8 @@ class SimulatedEngine(Engine):
     def _credit(self, iterations: int) -> None:
         for req in self._running:
             if req.script is not None:
-                req.tokens.extend(req.script[len(req.tokens) : len(req.tokens) + iterations])
+                end = len(req.tokens) + min(iterations, req.remaining)
+                req.tokens.extend(req.script[len(req.tokens) : end])
             else:
                 req.tokens.extend(self._rng.choices(_ALPHABET, k=iterations))
             req.remaining -= iterations
