@@ -139,16 +139,19 @@ class SimulatedEngine(Engine):
         self.weights = LoadedWeights(self.model, None)
         self._ready = True
 
-    async def load_weights(self, path: str, version: str) -> LoadedWeights:
+    async def load_weights(self, path: str, version: str, *, keep: bool = False) -> LoadedWeights:
         """Records the version only: the sim has no weights, so its tokens do not change.
 
         The path must be a directory (as a real worker needs), so a job naming a
         missing checkpoint fails on sim workers as it would on vLLM ones. The
-        prefix cache is dropped, as a real load does.
+        prefix cache is dropped, as a real load does (``keep``: all but the contexts
+        of the steps it keeps running, as vLLM can only drop unheld blocks).
         """
         checkpoint_dir(path)
+        held = {r.trajectory_id for r in self._running} if keep else set()
         for key in list(self._cache.keys()):
-            self._cache.pop(key)
+            if key not in held:
+                self._cache.pop(key)
         self.weights = LoadedWeights(path, version)
         return self.weights
 
