@@ -129,7 +129,10 @@ async def _run(model: str | None, rounds: int, log_dir: Path) -> dict[str, Any]:
             paths = [str(write_tiny_model(Path(tmp) / f"ckpt-{s}", seed=s)) for s in (0, 1)]
         else:
             paths = [model]
-        options = LocalWorkerOptions(engine="vllm", model=paths[0], log_dir=log_dir)
+        roots = tuple(sorted({str(Path(p).resolve().parent) for p in paths}))
+        options = LocalWorkerOptions(
+            engine="vllm", model=paths[0], log_dir=log_dir, weights_roots=roots
+        )
         stop_s, start_s, pool = await _restart(options)
         try:
             endpoint = next(iter(pool.procs.values())).endpoint
