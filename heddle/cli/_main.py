@@ -231,7 +231,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 if row["mode"] != "restart"
                 else ""
             )
-            print(f"    {row['mode']:8} {row['stall_s']:8.3f} s{extra}")
+            stall = "no tokens before" if row["stall_s"] is None else f"{row['stall_s']:8.3f} s"
+            print(f"    {row['mode']:8} {stall}{extra}")
     elif args.target == "memory":
         from heddle.bench import bench_memory
 
