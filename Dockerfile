@@ -12,6 +12,7 @@ COPY scheduler /src/scheduler
 COPY worker /src/worker
 COPY api /src/api
 COPY rollout /src/rollout
+COPY integrations /src/integrations
 COPY operator /src/operator
 
 # ---- worker: one engine behind the worker API, on vLLM's official GPU image, the same

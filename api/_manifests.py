@@ -219,7 +219,9 @@ class SamplingSpec:
     top_p: float = SAMPLING_DEFAULTS.top_p
     max_tokens_per_turn: int = SAMPLING_DEFAULTS.max_tokens_per_turn  # one LLM step at most
     max_total_tokens: int = SAMPLING_DEFAULTS.max_total_tokens  # a whole trajectory at most
-    logprobs: bool = False  # record the sampled tokens' logprobs in the output
+    # The rollout policy's logprobs in the output: on by default, as off-policy correction
+    # (verl, slime, SkyRL, OpenRLHF, AReaL, ROLL) silently fails without them.
+    logprobs: bool = True
     seed: int | None = None  # per-trajectory seeds derive from it when set
 
 
@@ -246,7 +248,7 @@ def _sampling(s: Fields) -> SamplingSpec:
         max_total_tokens=s.integer(
             "maxTotalTokens", default.max_total_tokens, minimum=lim.max_tokens_min
         ),
-        logprobs=s.boolean("logprobs", False),
+        logprobs=s.boolean("logprobs", SamplingSpec.logprobs),
         seed=(
             s.integer("seed", minimum=lim.seed_min, maximum=lim.seed_max)
             if s.has("seed")

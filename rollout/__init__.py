@@ -9,6 +9,7 @@ planning path from (job, pool, tasks) to a running session: ``prepare_job`` and
 """
 
 from ._answers import expected_answer, extract_answer, same_answer
+from ._contract import FAILED_ROWS, is_placeholder, order_rows, placeholder_record
 from ._environments import (
     Environment,
     Episode,
@@ -19,9 +20,11 @@ from ._environments import (
 )
 from ._export import (
     TRAINERS,
+    action_ranges,
     check_record,
     collate_skyrl,
     collate_verl,
+    convert_records,
     export_rows,
     read_records,
     write_export,
@@ -145,6 +148,7 @@ __all__ = [
     "ALLOWED_HOSTS_ENV",
     "ANY_HOST",
     "DATA_ROOT",
+    "FAILED_ROWS",
     "GATEWAY_TOKEN_ENV",
     "MAX_REPLY_BYTES",
     "TINY",
@@ -198,6 +202,7 @@ __all__ = [
     "ToolsEnvironment",
     "TrajectoryRun",
     "TrajectoryStatus",
+    "action_ranges",
     "build_environment",
     "build_session",
     "check_record",
@@ -205,6 +210,7 @@ __all__ = [
     "collate_skyrl",
     "collate_verl",
     "confine",
+    "convert_records",
     "create_gateway_app",
     "die_with_parent",
     "encode_record",
@@ -214,6 +220,7 @@ __all__ = [
     "extract_code",
     "gateway_file",
     "guarded_client",
+    "is_placeholder",
     "job_workload",
     "load_bench_workload",
     "load_cluster",
@@ -221,9 +228,11 @@ __all__ = [
     "local_model_dir",
     "lock_path",
     "make_scorer",
+    "order_rows",
     "parquet_rows",
     "parse_task",
     "perf_model_for",
+    "placeholder_record",
     "plan_pool",
     "prepare_job",
     "prepare_manifests",

@@ -4,8 +4,8 @@ One row per trajectory, in the trainer's batch order: by task index (the
 task's place in the task set), then sample, so GRPO siblings sit together.
 Keys are the trainer's own field names; batch types (verl's ``DataProto``,
 SkyRL's ``GeneratorOutput``) are built from the rows by :func:`collate_verl`
-and :func:`collate_skyrl`. Failed trajectories are left out unless asked for:
-their token lists may stop mid-turn and they have no reward.
+and :func:`collate_skyrl`. A failed or missing trajectory is a placeholder row
+(``_contract.py``) unless ``failed="drop"``: trainers want whole groups.
 """
 
 from __future__ import annotations
@@ -20,11 +20,15 @@ import numpy as np
 from heddle.api import read_text
 from heddle.exceptions import OutputError
 
+from ._contract import FAILED_ROWS, is_placeholder, order_rows
+
 __all__ = [
+    "FAILED_ROWS",
     "TRAINERS",
     "check_record",
     "collate_skyrl",
     "collate_verl",
+    "convert_records",
     "export_rows",
     "read_records",
     "write_export",
@@ -33,11 +37,10 @@ __all__ = [
 Row = dict[str, Any]
 
 
-def read_records(path: Path, *, keep_failed: bool = False) -> list[Row]:
-    """The records of a Heddle output, checked, in (task index, sample) order."""
+def read_records(path: Path, *, failed: str = "placeholder") -> list[Row]:
+    """The records of a Heddle output, checked, in batch order (``_contract.order_rows``)."""
     text = read_text(path, "rollout output", "give a Heddle output file")
-    records: list[tuple[tuple[int, int], Row]] = []
-    first_seen: dict[str, int] = {}  # task order for files written before task_index existed
+    records: list[Row] = []
     where_of: dict[tuple[str, int], int] = {}
     for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
@@ -57,14 +60,8 @@ def read_records(path: Path, *, keep_failed: bool = False) -> list[Row]:
                 "a Heddle output holds each once, so the file was concatenated or edited"
             )
         where_of[key] = number
-        first_seen.setdefault(rec["task_id"], len(first_seen))
-        if rec["status"] == "failed" and not keep_failed:
-            continue
-        index = rec.get("task_index")
-        order = index if isinstance(index, int) else first_seen[rec["task_id"]]
-        records.append(((order, rec["sample"]), rec))
-    records.sort(key=lambda item: item[0])
-    return [rec for _, rec in records]
+        records.append(rec)
+    return order_rows(records, failed=failed)
 
 
 def check_record(rec: Any, where: str) -> None:
@@ -125,7 +122,10 @@ def _field(fields: Mapping[str, Any], name: str) -> Mapping[str, Any]:
 
 
 def _reward(rec: Row) -> float | None:
+    """The reward a trainer's numeric field gets: a placeholder's is its group's mean."""
     reward = rec.get("reward")
+    if reward is None and is_placeholder(rec):
+        reward = rec["placeholder"].get("reward_fill")
     return None if reward is None else float(reward)
 
 
@@ -165,6 +165,7 @@ def to_verl(rec: Row, position: int) -> Row:
         "raw_prompt": _split_messages(rec)[0],
         "__num_turns__": len(rec["messages"]),
         "weight_versions": _step_versions(rec),  # per step: off-policy correction per segment
+        "heddle_placeholder": rec["placeholder"]["reason"] if is_placeholder(rec) else None,
     }
     return {"batch": batch, "non_tensor_batch": non_tensor}
 
@@ -199,6 +200,7 @@ def to_slime(rec: Row, position: int) -> Row:
         "weight_versions": _step_versions(rec),
         "rollout_log_probs": rec.get("response_logprobs"),
         "status": _SLIME_STATUS.get(rec["status"], "failed"),
+        "remove_sample": is_placeholder(rec),  # slime keeps the row, trains on none of it
         "metadata": {**(rec.get("metadata") or {}), "heddle": _identity(rec)},
     }
 
@@ -217,27 +219,120 @@ def to_skyrl(rec: Row, position: int) -> Row:
     }
 
 
+def action_ranges(prompt_len: int, mask: Sequence[int]) -> list[tuple[int, int]]:
+    """The [start, end) spans of generated tokens in prompt + response (OpenRLHF's
+    ``action_ranges``): one per run of 1s in ``mask``, offset by the prompt."""
+    spans: list[tuple[int, int]] = []
+    start: int | None = None
+    for i, bit in enumerate([*mask, 0]):
+        if bit and start is None:
+            start = i
+        elif not bit and start is not None:
+            spans.append((prompt_len + start, prompt_len + i))
+            start = None
+    return spans
+
+
+def _full_logprobs(rec: Row) -> list[float] | None:
+    """Logprobs over prompt + response, 0.0 off the generated tokens (null ones too)."""
+    lps = rec.get("response_logprobs")
+    if lps is None:
+        return None
+    return [0.0] * len(rec["prompt_token_ids"]) + [0.0 if x is None else float(x) for x in lps]
+
+
 def to_openrlhf(rec: Row, position: int) -> Row:
-    """One sample of OpenRLHF's ``Experience`` (as ``split_experience_batch`` gives it)."""
-    sequences = rec["prompt_token_ids"] + rec["response_token_ids"]
+    """What OpenRLHF's agent path reads from an ``AgentExecutor.execute`` result
+    (``openrlhf/trainer/ppo_utils/samples_generator.py``, ``_process_response_into_experience``):
+    ``observation_tokens`` is prompt + response, ``action_ranges`` the generated spans in it,
+    ``rollout_log_probs`` one per observation token (OpenRLHF drops the first: T-1, shifted)."""
+    tokens = rec["prompt_token_ids"] + rec["response_token_ids"]
+    reward = _reward(rec)
+    fields = rec.get("task_fields") or {}
+    return {
+        "prompt": _text(_split_messages(rec)[0]),
+        "label": _label(fields),
+        "observation_tokens": tokens,
+        "action_ranges": action_ranges(len(rec["prompt_token_ids"]), rec["response_mask"]),
+        "rollout_log_probs": _full_logprobs(rec),
+        "truncated": rec["status"] == "truncated" or rec.get("finish_reason") == "length",
+        "reward": reward,
+        "scores": reward,
+        "extra_logs": {"turns": rec.get("turns", 0)},
+        "index": rec.get("task_index", position),
+        "info": {**_identity(rec), "weight_versions": _step_versions(rec)},  # per step
+    }
+
+
+def _int_version(rec: Row) -> int:
+    """AReaL counts weight versions as integers; -1 when the record's is not one."""
+    version = rec.get("weight_version")
+    try:
+        return int(version) if version is not None else -1
+    except (TypeError, ValueError):
+        return -1
+
+
+def _token_versions(rec: Row) -> list[int]:
+    """AReaL's ``versions`` over the response: each generated token's step version (the
+    record's ``segments``), else the record's one version; -1 on tool and prompt tokens."""
+    mask = rec["response_mask"]
+    versions = [_int_version(rec) if bit else -1 for bit in mask]
+    for segment in rec.get("segments") or ():
+        version = _int_version({"weight_version": segment["weight_version"]})
+        for i in range(segment["response_start"], min(segment["response_end"], len(mask))):
+            versions[i] = version if mask[i] else -1
+    return versions
+
+
+def to_areal(rec: Row, position: int) -> Row:
+    """One row of AReaL's trajectory dict (``docs/en/reference/rollout_workflow.md``,
+    "Tensor Dictionary Format"; ``areal/api/workflow_api.py`` ``arun_episode``):
+    per-token lists over prompt + response, the reward per sequence."""
+    prompt, response = rec["prompt_token_ids"], rec["response_token_ids"]
+    mask = rec["response_mask"]
+    versions = _token_versions(rec)
     reward = _reward(rec)
     return {
-        "sequences": sequences,
-        "attention_mask": [1] * len(sequences),
-        "action_mask": rec["response_mask"],  # over the last len(response) positions
-        "rollout_log_probs": rec.get("response_logprobs"),
-        "rewards": reward,
-        "scores": reward,
-        "response_length": sum(rec["response_mask"]),  # generated tokens, as OpenRLHF counts
-        "truncated": rec["status"] == "truncated",
-        "total_length": len(sequences),
-        "index": rec.get("task_index", position),
-        "prompts": _text(_split_messages(rec)[0]),
-        "labels": _label(rec.get("task_fields") or {}),
-        "info": {
-            **_identity(rec),
-            "turns": rec.get("turns", 0),
-            "weight_versions": _step_versions(rec),
+        "input_ids": prompt + response,
+        "attention_mask": [1] * (len(prompt) + len(response)),
+        "loss_mask": [0] * len(prompt) + list(mask),
+        "logprobs": _full_logprobs(rec) or [0.0] * (len(prompt) + len(response)),
+        "versions": [-1] * len(prompt) + versions,
+        "rewards": 0.0 if reward is None else reward,
+        "info": _identity(rec),
+    }
+
+
+def to_roll(rec: Row, position: int) -> Row:
+    """One row of the ``DataProto`` a ROLL env manager emits
+    (``roll/pipeline/agentic/env_manager/traj_env_manager.py``, ``formulate_rollouts``),
+    unpadded: ROLL pads to ``sequence_length`` itself."""
+    prompt, response = rec["prompt_token_ids"], rec["response_token_ids"]
+    mask = list(rec["response_mask"])
+    n = len(prompt) + len(response)
+    reward = _reward(rec)
+    score = 0.0 if reward is None else reward
+    full = _full_logprobs(rec)
+    first = next((i for i, bit in enumerate(mask) if bit), len(mask))
+    return {
+        "batch": {
+            "input_ids": prompt + response,
+            "attention_mask": [1] * n,
+            "position_ids": list(range(n)),
+            "response_mask": [0] * len(prompt) + mask,
+            "prompt_mask": [1] * (len(prompt) + first) + [0] * (len(response) - first),
+            "scores": [0.0] * (n - 1) + [score] if n else [],
+            **({"infer_logprobs": full[1:]} if full is not None else {}),
+        },
+        "non_tensor_batch": {
+            "env_ids": rec["sample"],
+            "group_ids": rec.get("task_index", position),
+            "tags": str((rec.get("task_fields") or {}).get("tag", "heddle")),
+            "step_scores": [score],
+            "episode_scores": score,
+            "traj_group_id": rec["task_id"],
+            "traj_id": f"{rec['task_id']}_{rec['sample']}",
         },
     }
 
@@ -249,6 +344,7 @@ def _identity(rec: Row) -> Row:
         "trajectory_id": rec.get("trajectory_id"),
         "finish_reason": rec.get("finish_reason"),
         "reward_info": rec.get("reward_info"),
+        "placeholder": (rec["placeholder"]["reason"] if is_placeholder(rec) else None),
     }
 
 
@@ -257,22 +353,31 @@ TRAINERS: dict[str, Callable[[Row, int], Row]] = {
     "slime": to_slime,
     "skyrl": to_skyrl,
     "openrlhf": to_openrlhf,
+    "areal": to_areal,
+    "roll": to_roll,
 }
 
 
-def export_rows(path: Path, trainer: str, *, keep_failed: bool = False) -> list[Row]:
-    """The output at ``path`` as ``trainer``'s rows, in (task index, sample) order."""
+def convert_records(records: Sequence[Row], trainer: str) -> list[Row]:
+    """Records already in batch order (``order_rows``) as ``trainer``'s rows."""
     if trainer not in TRAINERS:
         raise OutputError(f"unknown trainer {trainer!r}; choose one of {sorted(TRAINERS)}")
     convert = TRAINERS[trainer]
-    return [convert(rec, i) for i, rec in enumerate(read_records(path, keep_failed=keep_failed))]
+    return [convert(rec, i) for i, rec in enumerate(records)]
 
 
-def write_export(source: Path, target: Path, trainer: str, *, keep_failed: bool = False) -> int:
+def export_rows(path: Path, trainer: str, *, failed: str = "placeholder") -> list[Row]:
+    """The output at ``path`` as ``trainer``'s rows, in (task index, sample) order."""
+    if trainer not in TRAINERS:
+        raise OutputError(f"unknown trainer {trainer!r}; choose one of {sorted(TRAINERS)}")
+    return convert_records(read_records(path, failed=failed), trainer)
+
+
+def write_export(source: Path, target: Path, trainer: str, *, failed: str = "placeholder") -> int:
     """Write ``trainer``'s rows as JSONL; returns how many. Refuses to overwrite ``source``."""
     if target.resolve() == source.resolve():
         raise OutputError(f"{target} is the input; write the export to another file")
-    rows = export_rows(source, trainer, keep_failed=keep_failed)
+    rows = export_rows(source, trainer, failed=failed)
     tmp = target.with_name(target.name + ".tmp")
     with tmp.open("w", encoding="utf-8") as out:  # whole or not at all: renamed when complete
         for row in rows:
@@ -298,7 +403,10 @@ def collate_verl(
     responses = np.full((n, r_len), pad_token_id, dtype=np.int64)
     response_mask = np.zeros((n, r_len), dtype=np.int64)
     attention = np.zeros((n, p_len + r_len), dtype=np.int64)
-    scored = all("rm_scores" in r["batch"] for r in rows)
+    # A placeholder without tokens has no last token to score: zeros, as its mask is.
+    scored = any("rm_scores" in r["batch"] for r in rows) and all(
+        "rm_scores" in r["batch"] or r["non_tensor_batch"].get("heddle_placeholder") for r in rows
+    )
     logprobs = all("rollout_log_probs" in r["batch"] for r in rows)
     rm_scores = np.zeros((n, r_len), dtype=np.float32)
     rollout_lp = np.zeros((n, r_len), dtype=np.float32)
@@ -309,7 +417,7 @@ def collate_verl(
         responses[i, :r] = b["responses"]
         response_mask[i, :r] = b["response_mask"]
         attention[i, p_len - p : p_len + r] = 1
-        if scored:
+        if scored and "rm_scores" in b:
             rm_scores[i, :r] = b["rm_scores"]
         if logprobs:
             rollout_lp[i, :r] = b["rollout_log_probs"]

@@ -205,7 +205,7 @@ class ExternalEpisode(Episode):
             self.expected_tool_s = self.env.expected_gap_s()
         names = tuple(c["function"]["name"] for c in message.get("tool_calls") or ())
         if event.kind != "call":
-            outcome = self._ending(event, message)
+            outcome = self._ending(event, reason)
             return Outcome(
                 done=outcome.done,
                 status=outcome.status,
@@ -222,8 +222,22 @@ class ExternalEpisode(Episode):
         self.history = list(event.call.messages)
         return Outcome(messages=tuple(new), tool_calls=names, assistant=message)
 
-    def _ending(self, event: _Event, last: Mapping[str, Any] | None) -> Outcome:
-        """The outcome of an event other than a call."""
+    def _ending(self, event: _Event, last_reason: str | None) -> Outcome:
+        """The outcome of an event other than a call; ``last_reason`` is the last turn's
+        finish reason (None: the model was never called)."""
+        if event.kind == "end" and last_reason is None:
+            # Nothing the model generated: a trainer must not take the agent's reward as a
+            # sample's (docs/gateway.md, "Records for trainers"). Failed: a placeholder row.
+            return Outcome(done=True, status=TrajectoryStatus.FAILED,
+                           finish_reason="no_model_call",
+                           error="the agent ended the episode before any model call, so it "
+                                 "holds no tokens to train on",
+                           reward_info={"agent_reward": event.reward,
+                                        "agent_info": dict(event.info or {})})  # fmt: skip
+        if event.kind == "end" and last_reason == "length":
+            # The last turn was cut by maxTokensPerTurn: the record says so, as vLLM would.
+            return Outcome(done=True, status=TrajectoryStatus.TRUNCATED, finish_reason="length",
+                           reward=event.reward, reward_info=event.info)  # fmt: skip
         if event.kind == "end":
             return Outcome(done=True, finish_reason="stop", reward=event.reward,
                            reward_info=event.info)  # fmt: skip

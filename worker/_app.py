@@ -666,9 +666,11 @@ def create_app(
                 path=body.path, version=body.version, loaded=False, load_s=0.0, drained_s=0.0
             )
         state.loading = body.version
+        kept = len(state.busy) if body.mode == "keep" else 0
         try:
-            drained_s = await state.settle()
-            loaded = await engine.load_weights(body.path, body.version)
+            # keep: steps in flight stay inside the paused engine (their KV kept), no drain
+            drained_s = 0.0 if body.mode == "keep" else await state.settle()
+            loaded = await engine.load_weights(body.path, body.version, keep=body.mode == "keep")
         except CheckpointError as exc:
             m.weight_loads.labels("refused").inc()
             version = held.version if held is not None else None
@@ -688,6 +690,8 @@ def create_app(
             loaded=True,
             load_s=loaded.load_s,
             drained_s=drained_s,
+            mode=body.mode,
+            kept=kept,
         )
 
     @app.get("/healthz", response_model=HealthResponse)

@@ -186,13 +186,18 @@ class WorkerClient:
             if exc.status not in (404, 405):
                 raise
 
-    async def load_weights(self, path: str, version: str, *, timeout: float) -> bool:
-        """POST /v1/weights; True when the worker loaded, False when it already served them."""
+    async def load_weights(
+        self, path: str, version: str, *, timeout: float, mode: str = "drain"
+    ) -> bool:
+        """POST /v1/weights; True when the worker loaded, False when it already served them.
+
+        ``mode`` ``keep`` pauses steps in flight instead of draining them (docs/worker-api.md).
+        """
+        body = WeightsBody(path=path, version=version)
+        if mode != "drain":
+            body["mode"] = mode
         data: WeightsReplyBody = await self._request(
-            "POST",
-            "/v1/weights",
-            json_body=WeightsBody(path=path, version=version),
-            timeout=timeout,
+            "POST", "/v1/weights", json_body=body, timeout=timeout
         )
         return bool(data["loaded"])
 

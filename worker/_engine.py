@@ -111,11 +111,13 @@ class Engine(ABC):
     @abstractmethod
     async def shutdown(self) -> None: ...
 
-    async def load_weights(self, path: str, version: str) -> LoadedWeights:
+    async def load_weights(self, path: str, version: str, *, keep: bool = False) -> LoadedWeights:
         """Swap in the checkpoint at ``path`` without a restart, keeping the KV cache.
 
-        The caller drains steps first. Raises :class:`~heddle.exceptions.CheckpointError`
-        for a checkpoint that does not fit (the old weights keep serving),
+        The caller drains steps first, unless ``keep``: then the engine pauses with its
+        steps inside (their KV kept), loads, and resumes them. Raises
+        :class:`~heddle.exceptions.CheckpointError` for a checkpoint that does not fit
+        (the old weights keep serving),
         :class:`EngineError` when the engine broke while loading.
         """
         raise CheckpointError(f"the {self.name} engine cannot load weights in place")

@@ -275,6 +275,12 @@ class WeightsRequest(_Strict):
     version: str = Field(
         min_length=1, max_length=253, description="the version to report (e.g. the RL step)"
     )
+    mode: Literal["drain", "keep"] = Field(
+        "drain",
+        description="drain: steps in flight finish within the grace or are aborted (503), then "
+        "the load; keep: the engine pauses with them inside (their KV kept), loads, and "
+        "resumes them, so nothing is aborted and the stall is the load alone",
+    )
 
 
 class WeightsResponse(_Strict):
@@ -283,6 +289,8 @@ class WeightsResponse(_Strict):
     loaded: bool = Field(description="false when this path and version were already loaded")
     load_s: float = Field(description="seconds the engine took to load, after steps drained")
     drained_s: float = Field(description="seconds spent waiting for steps in flight to finish")
+    mode: Literal["drain", "keep"] = "drain"
+    kept: int = Field(0, description="steps in flight that the load paused and resumed (keep)")
 
 
 class ErrorResponse(_Strict):

@@ -139,16 +139,19 @@ class SimulatedEngine(Engine):
         self.weights = LoadedWeights(self.model, None)
         self._ready = True
 
-    async def load_weights(self, path: str, version: str) -> LoadedWeights:
+    async def load_weights(self, path: str, version: str, *, keep: bool = False) -> LoadedWeights:
         """Records the version only: the sim has no weights, so its tokens do not change.
 
         The path must be a directory (as a real worker needs), so a job naming a
         missing checkpoint fails on sim workers as it would on vLLM ones. The
-        prefix cache is dropped, as a real load does.
+        prefix cache is dropped, as a real load does (``keep``: all but the contexts
+        of the steps it keeps running, as vLLM can only drop unheld blocks).
         """
         checkpoint_dir(path)
+        held = {r.trajectory_id for r in self._running} if keep else set()
         for key in list(self._cache.keys()):
-            self._cache.pop(key)
+            if key not in held:
+                self._cache.pop(key)
         self.weights = LoadedWeights(path, version)
         return self.weights
 
@@ -188,9 +191,9 @@ class SimulatedEngine(Engine):
             time.monotonic(),
         )
         if self.scripted_replies:
-            req.script = self._scripted(context, sampling.max_tokens)
-            if req.script is not None:
-                req.remaining = max(1, len(req.script))
+            req.script = self._scripted(context)
+            if req.script is not None:  # cut at max_tokens: then it ends "length", as vLLM's
+                req.remaining = max(1, min(len(req.script), sampling.max_tokens))
         heapq.heappush(self._waiting, (priority, next(self._seq), req))
         self._wake.set()
         try:
@@ -208,13 +211,13 @@ class SimulatedEngine(Engine):
             heapq.heapify(self._waiting)
         self._wake.set()
 
-    def _scripted(self, context: list[int], max_tokens: int) -> list[int] | None:
+    def _scripted(self, context: list[int]) -> list[int] | None:
         text = self.decode(context)
         replies = _REPLY.findall(text)
         turn = text.count(_ASSISTANT_TURN) - 1
         if not 0 <= turn < len(replies):
             return None
-        return self.encode(replies[turn])[:max_tokens]
+        return self.encode(replies[turn])
 
     async def warm(self, trajectory_id: str, context: list[int]) -> None:
         cached = self._cache.get(trajectory_id, 0)
@@ -298,7 +301,8 @@ class SimulatedEngine(Engine):
     def _credit(self, iterations: int) -> None:
         for req in self._running:
             if req.script is not None:
-                req.tokens.extend(req.script[len(req.tokens) : len(req.tokens) + iterations])
+                end = len(req.tokens) + min(iterations, req.remaining)
+                req.tokens.extend(req.script[len(req.tokens) : end])
             else:
                 req.tokens.extend(self._rng.choices(_ALPHABET, k=iterations))
             req.remaining -= iterations

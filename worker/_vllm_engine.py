@@ -166,6 +166,7 @@ class VLLMEngine(Engine):
         self._ids = itertools.count()
         self._in_flight: dict[str, str] = {}  # request id -> trajectory id
         self._aborted: set[str] = set()
+        self._reset_task: asyncio.Task[None] | None = None  # a prefix-cache reset after keep
         self._failed: str | None = None
         self.generated_tokens = 0
         # Latest scheduler figures vLLM reported (running, waiting, KV usage).
@@ -205,13 +206,18 @@ class VLLMEngine(Engine):
         if os.path.isdir(self.config.model):  # an HF id: only the architecture can be checked
             self._layout = await asyncio.to_thread(checkpoint_layout, self.config.model)
 
-    async def load_weights(self, path: str, version: str) -> LoadedWeights:
+    async def load_weights(self, path: str, version: str, *, keep: bool = False) -> LoadedWeights:
         """vLLM's in-place reload on every TP rank: ``collective_rpc("reload_weights")``.
 
         Each rank's model runner streams the checkpoint's safetensors into the live
         parameters (``vllm.model_executor.model_loader.reload``); the KV cache stays
         allocated. Cached prefixes were computed with the old weights, so the prefix
-        cache is reset afterwards.
+        cache is reset afterwards. ``keep``: ``AsyncLLM.pause_generation(mode="keep",
+        clear_cache=False)`` freezes the running requests with their KV, the reload
+        runs, ``resume_generation`` lets them go on (under the new weights from the
+        next token; the session records the version per segment). vLLM resets the
+        prefix cache only when no running request holds blocks, so with requests
+        kept the reset is retried until it succeeds (:meth:`_reset_prefix_cache`).
         """
         if not self.ready:
             raise EngineError(self._failed or "the vLLM engine is not running")
@@ -221,6 +227,8 @@ class VLLMEngine(Engine):
         )
         check_compatible(layout, running)
         started = time.monotonic()
+        if keep:
+            await self._llm.pause_generation(mode="keep", clear_cache=False)
         try:
             await self._llm.collective_rpc(
                 "reload_weights", kwargs={"weights_path": path, "is_checkpoint_format": True}
@@ -229,9 +237,22 @@ class VLLMEngine(Engine):
             # A partial reload leaves layers half-written: nothing safe to serve from.
             self._failed = f"loading weights from {path} broke the vLLM engine: {exc}"
             raise EngineError(self._failed) from exc
-        await self._llm.reset_prefix_cache()
+        finally:
+            if keep:
+                await self._llm.resume_generation()
         self.weights = LoadedWeights(path, version, time.monotonic() - started)
+        if not await self._llm.reset_prefix_cache() and keep:
+            self._reset_task = asyncio.create_task(self._reset_prefix_cache(version))
         return self.weights
+
+    async def _reset_prefix_cache(self, version: str) -> None:
+        """Drop the old version's cached prefixes once no kept request holds blocks."""
+        while self._llm is not None and self.weights is not None:
+            if self.weights.version != version:  # a newer load resets (or retries) itself
+                return
+            if await self._llm.reset_prefix_cache():
+                return
+            await asyncio.sleep(0.05)
 
     def _stat_logger_factory(self) -> Any:
         """A vLLM stat logger that copies the scheduler's figures into this engine."""

@@ -87,6 +87,7 @@ class WeightsBody(TypedDict):
 
     path: str
     version: str
+    mode: NotRequired[str]  # drain (the default) or keep
 
 
 class WeightsReplyBody(TypedDict):
@@ -97,3 +98,5 @@ class WeightsReplyBody(TypedDict):
     loaded: bool
     load_s: float
     drained_s: float
+    mode: NotRequired[str]
+    kept: NotRequired[int]

@@ -251,6 +251,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
               f"start until ready {result['restart_start_s']:.2f} s)")  # fmt: skip
         print(f"  swap     {result['median_swap_s']:8.3f} s (median of {result['rounds']})")
         print(f"  swap is {result['speedup']:.0f}x faster")
+        print("  stall (seconds of generation lost while 4 streams kept stepping):")
+        for row in result["stall"]:
+            extra = (
+                f" (load {row['load_s']:.3f} s, drained {row['drained_s']:.3f} s, "
+                f"{row['refused_steps']} steps refused or aborted, {row['kept']} kept)"
+                if row["mode"] != "restart"
+                else ""
+            )
+            stall = "no tokens before" if row["stall_s"] is None else f"{row['stall_s']:8.3f} s"
+            print(f"    {row['mode']:8} {stall}{extra}")
     elif args.target == "memory":
         from heddle.bench import bench_memory
 

@@ -169,7 +169,12 @@ def add_run_parser(sub: Any) -> None:
         "whose tokens are bytes)",
     )
     p.add_argument("--time-scale", type=float, default=1.0, help="sim: scale the model's times")
-    p.add_argument("--scripted-replies", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--scripted-replies",
+        action="store_true",
+        help="sim: answer turn k with the conversation's k-th <reply>...</reply> block "
+        "(try an agent without a model: docs/gateway.md)",
+    )
     p.add_argument("--policy", default=None, help="override spec.scheduling.policy (A/B runs)")
     p.add_argument("--output", default=None, help="override spec.output.path")
     p.add_argument(

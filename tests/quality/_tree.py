@@ -16,6 +16,7 @@ SUBPACKAGES = {
     "api": "api",
     "rollout": "rollout",
     "operator": "operator/heddle_operator",
+    "integrations": "integrations",
 }
 
 

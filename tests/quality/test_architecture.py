@@ -84,6 +84,25 @@ def test_ruff_format_is_clean() -> None:
     _run([_tool("ruff"), "format", "--check", "."], ROOT)
 
 
+# docs/trainers.md: a trainer's package is imported only by its own adapter module, so
+# Heddle installs and imports without any of them.
+TRAINER_PACKAGES = ("verl", "slime", "skyrl", "openrlhf", "areal", "roll")  # = adapter modules
+
+
+def test_a_trainers_package_is_imported_only_by_its_adapter() -> None:
+    folders = [ROOT / "heddle", ROOT / "scheduler", ROOT / "worker", ROOT / "api",
+               ROOT / "rollout", ROOT / "operator", ROOT / "integrations"]  # fmt: skip
+    seen: dict[str, set[str]] = {name: set() for name in TRAINER_PACKAGES}
+    for folder in folders:
+        for path in sorted(folder.rglob("*.py")):
+            for _, module in imports_of(path, "heddle"):
+                top = module.split(".")[0]
+                if top in seen:
+                    seen[top].add(str(path.relative_to(ROOT)))
+    for package in TRAINER_PACKAGES:
+        assert seen[package] == {f"integrations/{package}.py"}, (package, seen[package])
+
+
 def test_mypy_strict_is_clean(tmp_path: Path) -> None:
     farm = link_farm(tmp_path)
     cache = ROOT / ".mypy_cache"

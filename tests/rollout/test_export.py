@@ -78,20 +78,47 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "rollout_logprobs": "list[float]?",
         "trajectory_ids": dict,
     },
-    "openrlhf": {  # openrlhf/trainer/ppo_utils/experience.py Experience, one sample
-        "sequences": INTS,
-        "attention_mask": INTS,
-        "action_mask": INTS,
+    "openrlhf": {  # openrlhf/trainer/ppo_utils/samples_generator.py, an executor's result
+        "prompt": str,
+        "label": "str?",
+        "observation_tokens": INTS,
+        "action_ranges": list,
         "rollout_log_probs": "list[float]?",
-        "rewards": "float?",
-        "scores": "float?",
-        "response_length": int,
         "truncated": bool,
-        "total_length": int,
+        "reward": "float?",
+        "scores": "float?",
+        "extra_logs": dict,
         "index": int,
-        "prompts": str,
-        "labels": "str?",
         "info": dict,
+    },
+    "areal": {  # docs/en/reference/rollout_workflow.md, one row of the tensor dict
+        "input_ids": INTS,
+        "attention_mask": INTS,
+        "loss_mask": INTS,
+        "logprobs": FLOATS,
+        "versions": INTS,
+        "rewards": float,
+        "info": dict,
+    },
+    "roll": {  # traj_env_manager.py formulate_rollouts, unpadded
+        "batch": {
+            "input_ids": INTS,
+            "attention_mask": INTS,
+            "position_ids": INTS,
+            "response_mask": INTS,
+            "prompt_mask": INTS,
+            "scores": FLOATS,
+            "infer_logprobs": FLOATS,
+        },
+        "non_tensor_batch": {
+            "env_ids": int,
+            "group_ids": int,
+            "tags": str,
+            "step_scores": list,
+            "episode_scores": float,
+            "traj_group_id": str,
+            "traj_id": str,
+        },
     },
 }
 # (token list, mask) pairs that must align one to one, and (whole, prompt, response) splits.
@@ -102,7 +129,9 @@ ALIGNED = {
     ],
     "slime": [("tokens", None)],
     "skyrl": [("response_ids", "loss_masks")],
-    "openrlhf": [("sequences", "attention_mask")],
+    "openrlhf": [("observation_tokens", "rollout_log_probs")],
+    "areal": [("input_ids", "loss_mask"), ("input_ids", "logprobs"), ("input_ids", "versions")],
+    "roll": [("batch.input_ids", "batch.response_mask"), ("batch.input_ids", "batch.scores")],
 }
 
 
@@ -122,12 +151,13 @@ def _is(value: Any, kind: Any) -> bool:
 
 def assert_schema(trainer: str, row: dict[str, Any]) -> None:
     schema = SCHEMAS[trainer]
-    parts = schema.items() if trainer != "verl" else []
-    if trainer == "verl":
+    nested = trainer in ("verl", "roll")
+    parts = schema.items() if not nested else []
+    if nested:
         for part, fields in schema.items():
             for name, kind in fields.items():
-                assert name in row[part], f"verl {part}.{name} missing"
-                assert _is(row[part][name], kind), f"verl {part}.{name}: {row[part][name]!r}"
+                assert name in row[part], f"{trainer} {part}.{name} missing"
+                assert _is(row[part][name], kind), f"{trainer} {part}.{name}: {row[part][name]!r}"
     for name, kind in parts:
         assert name in row, f"{trainer} {name} missing"
         assert _is(row[name], kind), f"{trainer} {name}: {row[name]!r}"
@@ -200,7 +230,7 @@ def test_cli_and_reader_offer_the_same_trainers() -> None:
 def test_each_row_has_every_field_typed_in_batch_order_with_aligned_masks(
     output: Path, trainer: str
 ) -> None:
-    rows = read_rollouts(output, trainer)
+    rows = read_rollouts(output, trainer, failed="drop")
     assert len(rows) == len(EXPECTED_ORDER)  # the failed one is left out
     for row, (task, sample) in zip(rows, EXPECTED_ORDER, strict=True):
         assert_schema(trainer, row)
@@ -225,16 +255,23 @@ def test_each_row_has_every_field_typed_in_batch_order_with_aligned_masks(
             assert row["trajectory_ids"] == {"instance_id": f"t{task}", "repetition_id": sample}
             assert row["prompt_token_ids"] + row["response_ids"] == tokens
             assert row["stop_reasons"] == ("length" if (task, sample) == (0, 2) else "stop")
-        else:
-            assert row["sequences"] == tokens
-            assert len(row["action_mask"]) == len(rec["response_token_ids"])
-            assert row["action_mask"] == rec["response_mask"]
-            assert row["response_length"] == 3 and row["total_length"] == len(tokens)
+        elif trainer == "openrlhf":
+            assert row["observation_tokens"] == tokens
+            assert row["action_ranges"] == [(2, 4), (6, 7)]  # mask 1,1,0,0,1 after 2 prompt ids
+            assert row["rollout_log_probs"] == [0.0, 0.0, *rec["response_logprobs"]]
             assert row["truncated"] is ((task, sample) == (0, 2))
+        elif trainer == "areal":
+            assert row["input_ids"] == tokens and row["loss_mask"] == [0, 0, 1, 1, 0, 0, 1]
+            assert row["rewards"] == rec["reward"]
+        else:
+            assert row["batch"]["input_ids"] == tokens
+            assert row["batch"]["response_mask"] == [0, 0, 1, 1, 0, 0, 1]
+            assert row["batch"]["scores"][-1] == rec["reward"]
+            assert row["non_tensor_batch"]["traj_group_id"] == f"t{task}"
 
 
 def test_keep_failed_keeps_them_in_place(output: Path) -> None:
-    rows = read_rollouts(output, "skyrl", keep_failed=True)
+    rows = read_rollouts(output, "skyrl", failed="keep")
     ids = [(r["trajectory_ids"]["instance_id"], r["trajectory_ids"]["repetition_id"]) for r in rows]
     assert ids[3:6] == [("t2", 0), ("t2", 1), ("t2", 2)]
     assert rows[5]["rewards"] is None and rows[5]["stop_reasons"] == "failed"
@@ -272,9 +309,13 @@ def test_collate_skyrl_is_a_generator_output(output: Path) -> None:
         "is_last_step",
         "sampling_masks",
     }
-    assert len(out["response_ids"]) == len(out["loss_masks"]) == len(EXPECTED_ORDER)
-    assert out["rewards"] == [1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0]
-    assert np.array(out["rollout_logprobs"]).shape == (7, 5)
+    # Whole groups: task 2's failed sample 2 and task 10's missing sample 2 are placeholders
+    # (mask zero; the reward their group's mean, so the GRPO baseline does not move).
+    assert len(out["response_ids"]) == len(out["loss_masks"]) == len(EXPECTED_ORDER) + 2
+    assert out["rewards"] == [1.0, 0.0, 1.0, 1.0, 0.0, 0.5, 1.0, 0.0, 0.5]
+    assert out["loss_masks"][5] == [0] * 5 and out["loss_masks"][8] == []
+    assert out["stop_reasons"][5] == out["stop_reasons"][8] == "failed"
+    assert np.array(out["rollout_logprobs"][:8]).shape == (8, 5)
 
 
 @pytest.mark.parametrize(

@@ -569,3 +569,34 @@ def test_a_trajectory_migrates_while_its_agent_thinks_and_stays_token_exact(
         "<|user|>\n<reply>one</reply><reply>two</reply>\n<|assistant|>\none\n"
         "<|user|>\nnext\n<|assistant|>\ntwo"
     )
+
+
+def test_records_for_trainers_mark_an_episode_without_a_model_call_and_a_cut_last_turn(
+    scripted_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    """Ended with no model call: failed (no_model_call), reward null, the agent's reward kept
+    aside, so an export makes it a placeholder. A last turn cut by maxTokensPerTurn: the
+    record says length (truncated), not stop."""
+    _, workers = scripted_pool
+    out = tmp_path / "out.jsonl"
+    sampling = SamplingSpec(max_tokens_per_turn=8, max_total_tokens=4000)
+
+    async def main() -> None:
+        async with serving(workers, out, _tasks(2), 1, sampling=sampling) as served:
+            first, second = await served.episode(), await served.episode()
+            ended = await served.end(first["id"], reward=1.0, info={"why": "gave up"})
+            assert ended.status_code == 200, ended.text
+            messages = [{"role": "user", "content": "<reply>a reply far longer than 8</reply>"}]
+            reply, finish = await _chat(served, second["id"], messages, stream=False, header=True)
+            assert finish == "length" and reply["content"] == "a reply "
+            assert (await served.end(second["id"], reward=0.5)).status_code == 200
+            await served.run
+
+    asyncio.run(main())
+    by_task = {r["task_id"]: r for r in read_records(out)}
+    silent = by_task["task0"] if by_task["task0"]["turns"] == 0 else by_task["task1"]
+    cut = by_task["task1"] if silent is by_task["task0"] else by_task["task0"]
+    assert (silent["status"], silent["finish_reason"]) == ("failed", "no_model_call")
+    assert silent["reward"] is None and silent["response_token_ids"] == []
+    assert silent["reward_info"] == {"agent_reward": 1.0, "agent_info": {"why": "gave up"}}
+    assert (cut["status"], cut["finish_reason"], cut["reward"]) == ("truncated", "length", 0.5)

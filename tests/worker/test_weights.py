@@ -149,8 +149,36 @@ async def test_a_load_waits_for_steps_in_flight_and_refuses_new_ones_meanwhile(
         ).status_code == 200
 
 
+@pytest.mark.anyio
+async def test_a_load_that_keeps_steps_in_flight_neither_waits_for_nor_aborts_them(
+    tmp_path: Path,
+) -> None:
+    """mode keep: the engine pauses with the step inside and resumes it; the load does not
+    drain (drained_s 0) and the step ends whole, where drain would have waited for it."""
+    path = fake_checkpoint(tmp_path / "v2")
+    engine = sim()
+    async with worker(engine, weights_roots=(str(tmp_path),)) as client:
+        long = asyncio.create_task(
+            client.post("/v1/trajectories/long/generate", json=step([1] * 10, max_tokens=2000))
+        )
+        while not engine.stats().running:
+            await asyncio.sleep(0.01)
+        loaded = await client.post(
+            "/v1/weights", json={"path": path, "version": "2", "mode": "keep"}
+        )
+        answer = loaded.json()
+        assert loaded.status_code == 200, loaded.text
+        assert (answer["mode"], answer["kept"], answer["drained_s"]) == ("keep", 1, 0.0)
+        assert not long.done()  # still generating after the load returned
+        assert engine.weights is not None and engine.weights.version == "2"
+        finished = await long
+        assert finished.status_code == 200 and len(finished.json()["token_ids"]) == 2000
+        bad = await client.post("/v1/weights", json={"path": path, "version": "3", "mode": "x"})
+        assert bad.status_code == 422
+
+
 class _LoadableStuckEngine(StuckEngine):
-    async def load_weights(self, path: str, version: str) -> LoadedWeights:
+    async def load_weights(self, path: str, version: str, *, keep: bool = False) -> LoadedWeights:
         self.weights = LoadedWeights(path, version)
         return self.weights
 

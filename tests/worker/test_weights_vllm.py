@@ -6,7 +6,9 @@ Skipped only when vLLM is not installed; `.ci/run` installs it, so CI runs these
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -104,3 +106,36 @@ def test_a_checkpoint_of_another_model_is_refused_and_the_old_one_keeps_serving(
     state = httpx.get(f"{url}/v1/state").json()
     assert state["weight_version"] == "step-1" and state["ready"] is True
     assert greedy(url, "b2")["token_ids"] == on_b["token_ids"]
+
+
+def test_a_load_that_keeps_a_step_in_flight_pauses_and_resumes_it(
+    swap: tuple[str, dict[str, Path]],
+) -> None:
+    """mode keep on vLLM: pause_generation(keep), reload, resume. The step in flight is
+    neither waited for nor aborted: it ends whole; the old prefixes go once it has ended."""
+    url, paths = swap
+    body = {
+        "append_token_ids": list(range(10, 60)),
+        "sampling": {"max_tokens": 300, "temperature": 0.0, "ignore_eos": True},
+        "reset": True,
+    }
+    with ThreadPoolExecutor(1) as pool:
+        long = pool.submit(httpx.post, f"{url}/v1/trajectories/kept/generate", json=body,
+                           timeout=300)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{url}/v1/state").json()["running"] == 0:
+            assert time.monotonic() < deadline, "the step never started"
+            time.sleep(0.02)
+        loaded = httpx.post(
+            f"{url}/v1/weights",
+            json={"path": str(paths["a"]), "version": "kept-1", "mode": "keep"},
+            timeout=120,
+        )
+        answer = long.result()
+    assert loaded.status_code == 200, loaded.text
+    assert (loaded.json()["kept"], loaded.json()["drained_s"]) == (1, 0.0)
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["token_ids"]) == 300 and answer.json()["finish_reason"] == "length"
+    time.sleep(0.3)  # the reset is retried every 50 ms once no kept request holds blocks
+    assert greedy(url, "after-keep")["cached_tokens"] == 0
+    assert httpx.get(f"{url}/v1/state").json()["weight_version"] == "kept-1"
