@@ -18,7 +18,7 @@ from heddle.api import RewardSpec, SamplingSpec, ToolsSpec
 from heddle.cli._export import _TRAINERS
 from heddle.cli._main import main
 from heddle.exceptions import OutputError
-from heddle.export import TRAINERS, collate_skyrl, collate_verl, read_rollouts
+from heddle.export import TRAINERS, collate_skyrl, collate_verl, convert_records, read_rollouts
 from heddle.rollout import (
     LocalPool,
     OutputSink,
@@ -507,3 +507,16 @@ def test_heddle_run_with_trainer_rows_and_a_reward_then_export(tmp_path: Path) -
         by_key[(r["trajectory_ids"]["instance_id"], r["trajectory_ids"]["repetition_id"])]
         for r in exported
     ]
+
+
+def test_areal_versions_follow_the_step_that_generated_each_token() -> None:
+    # Two steps under versions 3 and 4 (a weight push between them); the tool reply
+    # in between is not the policy's and gets -1, as do the prompt tokens.
+    segments = [
+        {"weight_version": "3", "response_start": 0, "response_end": 2},
+        {"weight_version": "4", "response_start": 4, "response_end": 5},
+    ]
+    rec = _record(0, 0, weight_version="3", segments=segments)
+    row = convert_records([rec], "areal")[0]
+    assert row["versions"] == [-1, -1, 3, 3, -1, -1, 4]
+    assert row["info"]["task_id"] == "t0"
