@@ -128,9 +128,8 @@ def test_suffix_decoding_is_installed_at_the_release_vllm_names() -> None:
     assert pin.specifier.contains(metadata.version("arctic-inference"))
     from arctic_inference.suffix_decoding import SuffixDecodingCache
 
-    cache = SuffixDecodingCache(max_tree_depth=8, max_cached_requests=4)
+    cache = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=4)
     cache.start_request("r", [1, 2, 3, 4])
-    cache.add_active_response("r", [1, 2, 3])
-    assert cache.speculate(
-        "r", [2], max_spec_tokens=2, max_spec_factor=4.0, min_token_prob=0.0
-    ).token_ids == [3, 4]
+    cache.add_active_response("r", [1, 2, 3, 4, 1, 2])
+    draft = cache.speculate("r", [1, 2], max_spec_tokens=4, max_spec_factor=2.0, min_token_prob=0.0)
+    assert draft.token_ids == [3, 4]
