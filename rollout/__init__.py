@@ -81,6 +81,7 @@ from ._output import (
 from ._output_record import (
     OutputRecord,
     RecordPlacement,
+    RecordSpeculation,
     RecordTimings,
     RecordTokens,
     RecordTrace,
@@ -202,6 +203,7 @@ __all__ = [
     "Progress",
     "ProgressPrinter",
     "RecordPlacement",
+    "RecordSpeculation",
     "RecordTail",
     "RecordTimings",
     "RecordTokens",

@@ -15,6 +15,7 @@ from typing import Any, NotRequired, TypedDict
 __all__ = [
     "OutputRecord",
     "RecordPlacement",
+    "RecordSpeculation",
     "RecordTimings",
     "RecordTokens",
     "RecordTrace",
@@ -62,6 +63,15 @@ class RecordTrace(TypedDict):
     tool_output_tokens: list[int]
 
 
+class RecordSpeculation(TypedDict):
+    """Speculative decoding over the trajectory's steps (where its workers speculated)."""
+
+    drafted_tokens: int  # draft tokens proposed
+    accepted_tokens: int  # of those, accepted by the model
+    decode_steps: int  # engine steps that produced its tokens (generated - accepted)
+    tokens_per_decode_step: float  # generated tokens / decode_steps (1.0: no gain)
+
+
 class OutputRecord(TypedDict):
     task_id: str
     sample: int
@@ -92,3 +102,5 @@ class OutputRecord(TypedDict):
     # environment.type external: the gateway's episode id, how often it was handed out,
     # and why earlier hand-outs were abandoned (docs/gateway.md).
     episode: NotRequired[dict[str, Any]]
+    # Where the pool speculates (docs/speculation.md).
+    speculation: NotRequired[RecordSpeculation]

@@ -29,6 +29,7 @@ from ._tasks import Task
 __all__ = ["TrajectoryRun"]
 
 _NAN = float("nan")
+_SPECULATION_COUNTS = ("drafted_tokens", "accepted_tokens", "decode_steps", "tokens")
 
 
 @dataclass(eq=False)
@@ -68,6 +69,8 @@ class TrajectoryRun:
     scoring: bool = False  # finished, its reward call under way
     # With a token trace (spec.output.trace): one entry per step, as trace_line() writes it.
     steps: list[dict[str, Any]] | None = None
+    # Speculative decoding over the steps whose worker speculated (None: none did).
+    speculation: dict[str, int] | None = None
 
     def apply(self, worker: str, reply: StepReply, want_logprobs: bool) -> None:
         """Fold a finished step into the history."""
@@ -108,6 +111,13 @@ class TrajectoryRun:
                     "cached_tokens": reply.cached_tokens,
                 }
             )
+        if reply.drafted_tokens is not None:
+            spec = self.speculation or dict.fromkeys(_SPECULATION_COUNTS, 0)
+            spec["drafted_tokens"] += reply.drafted_tokens
+            spec["accepted_tokens"] += reply.accepted_tokens or 0
+            spec["decode_steps"] += reply.decode_steps or 0
+            spec["tokens"] += generated
+            self.speculation = spec
         self.messages.extend(self.pending)
         self.messages.append({"role": "assistant", "content": reply.text})
         self.pending = []
@@ -156,6 +166,7 @@ class TrajectoryRun:
         self.tool_calls = self.tool_errors = 0
         self.tool_latency_s, self.tool_output_tokens, self.migrations = [], [], []
         self.queue_s = self.generate_s = self.engine_s = 0.0
+        self.speculation = None
         traj = self.traj
         traj.turns = traj.generated_tokens = traj.tool_calls = 0
         traj.turn_tokens = []
@@ -229,4 +240,14 @@ class TrajectoryRun:
         }
         if want_logprobs:
             rec["response_logprobs"] = [None if math.isnan(x) else x for x in self.logprobs]
+        if self.speculation is not None:
+            s = self.speculation
+            rec["speculation"] = {
+                "drafted_tokens": s["drafted_tokens"],
+                "accepted_tokens": s["accepted_tokens"],
+                "decode_steps": s["decode_steps"],
+                "tokens_per_decode_step": (
+                    round(s["tokens"] / s["decode_steps"], 4) if s["decode_steps"] else 0.0
+                ),
+            }
         return rec

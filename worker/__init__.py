@@ -53,6 +53,14 @@ from ._server import serve
 from ._sim_engine import SimulatedEngine
 from ._smollm2 import SMOLLM2, ModelManifest, default_model_cache, ensure_smollm2
 from ._smollm2_tools import SMOLLM2_TOOL_PARSER, SMOLLM2_TOOLS_TEMPLATE, install_tool_template
+from ._speculation import (
+    DEFAULT_SPECULATIVE_TOKENS,
+    NO_SPECULATION,
+    SPECULATION_METHODS,
+    SPECULATION_REFUSED_SAMPLING,
+    Speculation,
+    suffix_available,
+)
 from ._vllm_engine import VLLMConfig, VLLMEngine
 from ._vllm_env import THREADS_BIND, vllm_cpu_env
 from ._weights import LoadedWeights, weights_path
@@ -60,14 +68,18 @@ from ._weights import LoadedWeights, weights_path
 __all__ = [
     "DEFAULT_MAX_RESIDENT",
     "DEFAULT_RESIDENT_TTL_S",
+    "DEFAULT_SPECULATIVE_TOKENS",
     "DEFAULT_WORKER_ARGS",
     "FIELD_RANGES",
     "MAX_BODY_BYTES",
     "NAMED_MODELS",
+    "NO_SPECULATION",
     "OPEN_PATHS",
     "SMOLLM2",
     "SMOLLM2_TOOLS_TEMPLATE",
     "SMOLLM2_TOOL_PARSER",
+    "SPECULATION_METHODS",
+    "SPECULATION_REFUSED_SAMPLING",
     "THREADS_BIND",
     "TINY",
     "TINY_DIR",
@@ -95,6 +107,7 @@ __all__ = [
     "Sampling",
     "SamplingParams",
     "SimulatedEngine",
+    "Speculation",
     "StateResponse",
     "StepOutput",
     "StepReply",
@@ -120,6 +133,7 @@ __all__ = [
     "probe_vllm_import",
     "read_token",
     "serve",
+    "suffix_available",
     "tool_schema_error",
     "trajectory_id",
     "vllm_cpu_env",

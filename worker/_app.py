@@ -38,7 +38,9 @@ from ._schemas import (
     ImportResponse,
     PurgeResponse,
     ReadyResponse,
+    SpeculationState,
     StateResponse,
+    StepSpeculation,
     Timings,
     ToolCall,
     WeightsRequest,
@@ -95,6 +97,18 @@ class _Metrics:
             "heddle_worker_max_resident_trajectories", "the cap on resident contexts", registry=r
         )
         self.weights = Info("heddle_worker_weights", "the weights served", registry=r)
+        # Speculative decoding, per step as vLLM counts it for each request.
+        self.drafted = Counter(
+            "heddle_worker_drafted_tokens", "draft tokens proposed (speculation)", registry=r
+        )
+        self.accepted = Counter(
+            "heddle_worker_accepted_tokens", "draft tokens accepted (speculation)", registry=r
+        )
+        self.draft_steps = Counter(
+            "heddle_worker_draft_steps",
+            "engine steps that verified a draft, per sequence",
+            registry=r,
+        )
         self.weight_loads = Counter(
             "heddle_worker_weight_loads", "in-place loads by result", ["result"], registry=r
         )
@@ -265,6 +279,36 @@ async def _until_disconnected(request: Request) -> None:
     """Returns when the client has gone (the body is read by now: only that can arrive)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def _step_speculation(output: StepOutput) -> StepSpeculation | None:
+    if output.drafted_tokens is None:
+        return None
+    accepted = output.accepted_tokens or 0
+    return StepSpeculation(
+        drafted_tokens=output.drafted_tokens,
+        accepted_tokens=accepted,
+        draft_steps=output.draft_steps or 0,
+        decode_steps=max(0, len(output.token_ids) - accepted),
+    )
+
+
+def _speculation_state(engine: Engine) -> SpeculationState | None:
+    spec = engine.speculation
+    if not spec.on:
+        return None
+    stats = engine.stats()
+    return SpeculationState(
+        method=spec.method,
+        num_speculative_tokens=spec.num_speculative_tokens,
+        by_batch_size=[list(e) for e in spec.by_batch_size],
+        drafted_tokens=stats.drafted_tokens,
+        accepted_tokens=stats.accepted_tokens,
+        draft_steps=stats.draft_steps,
+        acceptance_rate=stats.accepted_tokens / stats.drafted_tokens
+        if stats.drafted_tokens
+        else 0.0,
+    )
 
 
 def create_app(
@@ -558,6 +602,11 @@ def create_app(
         m.prompt.inc(output.prompt_tokens)
         m.cached.inc(output.cached_tokens)
         m.step_latency.observe(total)
+        speculation = _step_speculation(output)
+        if speculation is not None:
+            m.drafted.inc(speculation.drafted_tokens)
+            m.accepted.inc(speculation.accepted_tokens)
+            m.draft_steps.inc(speculation.draft_steps)
         state.recent.append((time.monotonic(), len(output.token_ids)))
         text = engine.decode(output.token_ids)
         reply = GenerateResponse(
@@ -578,6 +627,7 @@ def create_app(
                 total_s=total,
                 handle_s=time.monotonic() - received,
             ),
+            speculation=speculation,
         )
         # Built and typed above; sent as is, so FastAPI does not validate it a second time.
         return Response(reply.model_dump_json(), media_type="application/json")
@@ -658,6 +708,7 @@ def create_app(
             tokens_per_s=state.tokens_per_s(),
             weight_version=engine.weights.version if engine.weights else None,
             weights_path=engine.weights.path if engine.weights else None,
+            speculation=_speculation_state(engine),
         )
 
     @app.post("/v1/weights", response_model=WeightsResponse, responses=_errors(400, 413, 422, 503))
