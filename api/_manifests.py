@@ -245,6 +245,13 @@ class SamplingSpec:
 
 def _sampling(s: Fields) -> SamplingSpec:
     """Sampling within the engine's ranges: out of them, vLLM fails every step (issue 11)."""
+    for name in ("minP", "logitBias"):
+        if s.raw(name) is not None:
+            raise ManifestError(
+                f"{s.where(name)} is not supported: vLLM refuses min_p and logit_bias wherever "
+                "speculative decoding is configured (the pool's spec.speculation), so Heddle "
+                "takes neither; leave it out and shape sampling with temperature and topP"
+            )
     lim = SAMPLING_LIMITS
     sampling = SamplingSpec(
         temperature=s.number(

@@ -46,6 +46,7 @@ from ._schemas import (
     WeightsRequest,
     WeightsResponse,
 )
+from ._speculation import SPECULATION_REFUSED_SAMPLING
 from ._weights import weights_path
 
 __all__ = ["WorkerState", "create_app"]
@@ -205,7 +206,13 @@ def _sentence(exc: RequestValidationError, vocab_size: int) -> tuple[int, str]:
         if field_ in TOKEN_ID_FIELDS and e.get("type") == "greater_than_equal":
             return 422, _outside_vocabulary(field_, e.get("input"), vocab_size)
         bounds = FIELD_RANGES.get(where)
-        if e.get("type") == "heddle":  # our validators' sentences name the field themselves
+        if e.get("type") == "extra_forbidden" and loc[-1] in SPECULATION_REFUSED_SAMPLING:
+            parts.append(
+                f"{where} is not supported: vLLM refuses min_p and logit_bias wherever "
+                "speculative decoding is configured, and a pool may speculate "
+                "(spec.speculation); leave it out and shape sampling with temperature and top_p"
+            )
+        elif e.get("type") == "heddle":  # our validators' sentences name the field themselves
             parts.append(str(e.get("msg")))
         elif bounds is not None:
             parts.append(f"{where} must be a number in {bounds}, not {e.get('input')!r}")

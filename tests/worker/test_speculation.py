@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import jsonschema
@@ -182,3 +183,50 @@ def test_the_crds_speculation_schema_is_the_parsers() -> None:
         doc = _pool({"method": method, "byBatchSize": TABLE})
         validate("enginepools", doc)
         assert EnginePoolSpec.from_manifest(doc).speculation.method == method
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("name", ["min_p", "logit_bias"])
+async def test_min_p_and_logit_bias_get_a_sentence_at_the_worker(
+    sim_engine: Callable[..., Any], name: str
+) -> None:
+    from .conftest import worker
+
+    async with worker(sim_engine()) as client:
+        reply = await client.post(
+            "/v1/trajectories/t/generate",
+            json={"append_token_ids": [1, 2], "sampling": {name: 0.1}},
+        )
+    assert reply.status_code == 422
+    assert (
+        f"sampling.{name} is not supported: vLLM refuses min_p and logit_bias"
+        in (reply.json()["error"])
+    )
+
+
+@pytest.mark.parametrize("name", ["minP", "logitBias"])
+def test_min_p_and_logit_bias_get_a_sentence_in_a_job(name: str) -> None:
+    from heddle.api import RolloutJobSpec
+
+    job = {
+        "apiVersion": "heddle.dev/v1alpha1",
+        "kind": "RolloutJob",
+        "metadata": {"name": "j"},
+        "spec": {
+            "enginePool": "p",
+            "tasks": {"path": "tasks.jsonl"},
+            "environment": {"type": "synthetic", "synthetic": {"workload": "quickstart"}},
+            "output": {"path": "/data/out.jsonl"},
+            "sampling": {name: 0.1},
+        },
+    }
+    with pytest.raises(ManifestError, match=f"sampling.{name} is not supported"):
+        RolloutJobSpec.from_manifest(job)
+
+
+def test_a_sim_worker_or_local_sim_pool_refuses_speculation_in_a_sentence() -> None:
+    from heddle.rollout._local import _speculation
+
+    with pytest.raises(ConfigError, match="needs --engine vllm"):
+        _speculation(Speculation.of("ngram"), None, "sim")
+    assert _speculation(Speculation.of("ngram"), "off", "sim") == Speculation.of("off")
