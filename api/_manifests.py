@@ -16,11 +16,12 @@ from typing import Any
 
 from heddle.exceptions import ConfigError, ManifestError
 from heddle.scheduler import POLICIES, SAMPLING_LIMITS, SIMULATION_ONLY, PoolShape, check_tp_sizes
-from heddle.worker import TOOL_PARSERS, tool_schema_error
-from heddle.worker._speculation import (
+from heddle.worker import (
     SPECULATION_METHODS,
+    TOOL_PARSERS,
     Speculation,
     check_batch_size_table,
+    tool_schema_error,
 )
 
 from ._fields import Fields

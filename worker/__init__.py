@@ -59,6 +59,7 @@ from ._speculation import (
     SPECULATION_METHODS,
     SPECULATION_REFUSED_SAMPLING,
     Speculation,
+    check_batch_size_table,
     suffix_available,
 )
 from ._vllm_engine import VLLMConfig, VLLMEngine
@@ -122,6 +123,7 @@ __all__ = [
     "WorkerEndpoint",
     "WorkerState",
     "add_worker_arguments",
+    "check_batch_size_table",
     "check_vllm_environment",
     "create_app",
     "default_model_cache",

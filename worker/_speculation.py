@@ -26,6 +26,7 @@ __all__ = [
     "BatchSizeTokens",
     "Speculation",
     "SpeculationMethod",
+    "check_batch_size_table",
     "format_batch_size_table",
     "parse_batch_size_table",
     "suffix_available",

@@ -45,3 +45,15 @@ class HeddleWorkerExtension:
         cache.add_active_response(seed_id, list(token_ids))
         cache.stop_request(seed_id)
         return True
+
+    def heddle_clear_drafts(self) -> int:
+        """Forget every finished response in the suffix cache (its global tree): a
+        measurement starts from an engine that has served nothing. Returns how many."""
+        drafter: Any = getattr(getattr(self, "model_runner", None), "drafter", None)
+        cache: Any = getattr(drafter, "suffix_cache", None)
+        if cache is None:
+            return 0
+        done = [r for r in cache.cached_requests if r not in cache.active_requests]
+        for req_id in done:
+            cache.evict_cached_response(req_id)
+        return len(done)
