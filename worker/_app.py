@@ -23,6 +23,7 @@ from heddle.exceptions import CheckpointError, EngineInputError
 from ._auth import BearerToken, document_auth
 from ._body_limit import MAX_BODY_BYTES, BodyLimit
 from ._chat import chat_delta
+from ._drafts import DraftHistory
 from ._engine import Engine, EngineError, Sampling, StepOutput
 from ._resident import DEFAULT_MAX_RESIDENT, DEFAULT_RESIDENT_TTL_S, ResidentContexts
 from ._schemas import (
@@ -38,6 +39,8 @@ from ._schemas import (
     ImportResponse,
     PurgeResponse,
     ReadyResponse,
+    SeedDraftsRequest,
+    SeedDraftsResponse,
     SpeculationState,
     StateResponse,
     StepSpeculation,
@@ -338,6 +341,7 @@ def create_app(
     under ``weights_roots`` (none: it refuses every path).
     """
     state = WorkerState(engine, grace_s, contexts=ResidentContexts(max_resident, resident_ttl_s))
+    drafts = DraftHistory()  # texts inserted into the engine's suffix cache, per job and task
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -691,7 +695,22 @@ def create_app(
         (a predecessor's leftovers) and when it ends."""
         gone = state.contexts.purge(job, state.busy)
         _dropped(gone, "purge")
+        drafts.purge(job)
         return PurgeResponse(job=job, released=len(gone))
+
+    @app.post(
+        "/v1/drafts", response_model=SeedDraftsResponse, responses=_errors(400, 413, 422, 503)
+    )
+    async def seed_drafts(body: SeedDraftsRequest) -> SeedDraftsResponse:
+        """Texts the engine's suffix cache should draft from (siblings run elsewhere, earlier
+        iterations of the task): inserted once each; a no-op where it does not run suffix."""
+        _refuse_when_unavailable()
+        for i, text in enumerate(body.texts):
+            _check_vocab(f"texts[{i}]", text)
+        seeded = 0
+        for key, tokens in drafts.new(body.job, body.task_id, body.texts):
+            seeded += await engine.seed_drafts(key, tokens)
+        return SeedDraftsResponse(seeded=seeded, held=drafts.held(body.job, body.task_id))
 
     @app.get("/v1/state", response_model=StateResponse)
     async def worker_state() -> StateResponse:

@@ -297,14 +297,15 @@ class SeedDraftsRequest(_Strict):
     texts: list[list[TokenId]] = Field(
         min_length=1, max_length=256, description="token ids of each text; in the vocabulary"
     )
+    job: str = Field(min_length=1, max_length=253, description="the RolloutJob they belong to")
     task_id: str = Field(
         min_length=1, max_length=253, description="the texts' task: history is kept per task"
     )
 
 
 class SeedDraftsResponse(_Strict):
-    seeded: int = Field(description="texts added to the engine's suffix cache")
-    held: int = Field(description="texts of the task the worker keeps (bounded history)")
+    seeded: int = Field(description="texts added to the engine's suffix cache by this call")
+    held: int = Field(description="texts of the job's task inserted so far (bounded history)")
 
 
 class PurgeResponse(_Strict):

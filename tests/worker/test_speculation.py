@@ -230,3 +230,32 @@ def test_a_sim_worker_or_local_sim_pool_refuses_speculation_in_a_sentence() -> N
     with pytest.raises(ConfigError, match="needs --engine vllm"):
         _speculation(Speculation.of("ngram"), None, "sim")
     assert _speculation(Speculation.of("ngram"), "off", "sim") == Speculation.of("off")
+
+
+@pytest.mark.anyio
+async def test_drafting_texts_are_remembered_once_per_job_and_task_and_purged_with_the_job(
+    sim_engine: Callable[..., Any],
+) -> None:
+    from .conftest import worker
+
+    async with worker(sim_engine()) as client:
+        body = {"job": "j", "task_id": "t0", "texts": [[1, 2, 3], [4, 5]]}
+        first = (await client.post("/v1/drafts", json=body)).json()
+        again = (await client.post("/v1/drafts", json={**body, "texts": [[1, 2, 3], [6]]})).json()
+        # The sim engine drafts from nothing: nothing is inserted, but the texts are known.
+        assert (first, again) == ({"seeded": 0, "held": 2}, {"seeded": 0, "held": 3})
+        bad = await client.post("/v1/drafts", json={**body, "texts": [[10**6]]})
+        assert bad.status_code == 422 and "outside the model's vocabulary" in bad.json()["error"]
+        await client.delete("/v1/trajectories", params={"job": "j"})
+        after = (await client.post("/v1/drafts", json={**body, "texts": [[1, 2, 3]]})).json()
+        assert after == {"seeded": 0, "held": 1}
+
+
+def test_the_drafting_history_is_bounded_per_task() -> None:
+    from heddle.worker._drafts import DraftHistory
+
+    history = DraftHistory(per_task=2)
+    assert [k for k, _ in history.new("j", "t", [[1], [2], [3]])][-1].startswith("j/t/")
+    assert history.held("j", "t") == 2 and history.held("j", "u") == 0
+    assert history.new("j", "t", [[3]]) == []  # still held: not inserted again
+    assert history.purge("j") == 1 and history.held("j", "t") == 0
