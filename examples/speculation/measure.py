@@ -64,7 +64,7 @@ async def _measure(args: argparse.Namespace, method: str) -> list[dict[str, Any]
                     engine.step(
                         f"m{method}-c{concurrency}-r{r}-{i}",
                         ctx,
-                        Sampling(max_tokens=args.max_tokens, temperature=args.temperature, seed=i),
+                        Sampling(max_tokens=args.max_tokens, temperature=args.temperature),
                         0,
                     )
                     for i, ctx in enumerate(batch)

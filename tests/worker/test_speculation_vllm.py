@@ -73,7 +73,7 @@ async def _steps(url: str) -> dict[str, Any]:
 
         greedy = await one("greedy", _step(0.0, GREEDY_TOKENS, None))
         samples = await asyncio.gather(
-            *(one(f"s{i}", _step(1.0, SAMPLE_TOKENS, i)) for i in range(SAMPLES))
+            *(one(f"s{i}", _step(1.0, SAMPLE_TOKENS, None)) for i in range(SAMPLES))
         )
         # The record: a trajectory's steps through the session's client and record.
         http_pool = HttpPool(url)
