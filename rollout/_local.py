@@ -29,10 +29,12 @@ from heddle.exceptions import ConfigError, HeddleError
 from heddle.worker import (
     DEFAULT_WORKER_ARGS,
     NAMED_MODELS,
+    NO_SPECULATION,
     THREADS_BIND,
     TINY,
     TINY_DIR,
     TOKEN_ENV,
+    Speculation,
     WorkerArgs,
     WorkerEndpoint,
     named_model_dir,
@@ -74,6 +76,7 @@ class LocalWorkerOptions:
     grace_s: float = 5.0
     log_dir: Path = Path(".heddle/logs")
     weights_roots: tuple[str, ...] = ()  # where POST /v1/weights may load (the job's folder)
+    speculation: Speculation = NO_SPECULATION  # vllm: the pool's spec.speculation
 
 
 def die_with_parent() -> None:
@@ -132,6 +135,7 @@ class LocalPool:
             cluster=o.cluster or DEFAULT_WORKER_ARGS.cluster,
             scripted_replies=o.scripted_replies and not vllm,
             weights_roots=o.weights_roots,
+            **(WorkerArgs.speculation_flags(o.speculation) if vllm else {}),
         )
         return [sys.executable, "-m", "heddle", *args.argv()]
 
@@ -275,6 +279,7 @@ def worker_options(
     max_model_len: int | None = None,
     time_scale: float = 1.0,
     scripted_replies: bool = False,
+    speculation: str | None = None,
 ) -> LocalWorkerOptions:
     """The local workers' options for ``engine``: what ``heddle run`` and the client start."""
     model_dir = None
@@ -291,4 +296,17 @@ def worker_options(
         time_scale=time_scale,
         scripted_replies=scripted_replies,
         log_dir=local.output.parent / "logs",
+        speculation=_speculation(local.pool.speculation, speculation, engine),
     )
+
+
+def _speculation(pool: Speculation, method: str | None, engine: str) -> Speculation:
+    """The pool's speculation, its method overridden by ``heddle run --speculation``."""
+    if method is not None:
+        pool = Speculation.of(method, pool.num_speculative_tokens, pool.by_batch_size)
+    if pool.on and engine != "vllm":
+        raise ConfigError(
+            f"speculation {pool.method!r} needs --engine vllm: the sim engine does not draft "
+            "(heddle bench models speculation): add --speculation off, or run on vllm"
+        )
+    return pool

@@ -16,6 +16,7 @@ __all__ = [
     "OutputRecord",
     "RecordPlacement",
     "RecordSegment",
+    "RecordSpeculation",
     "RecordTimings",
     "RecordTokens",
     "RecordTrace",
@@ -71,6 +72,15 @@ class RecordSegment(TypedDict):
     response_end: int
 
 
+class RecordSpeculation(TypedDict):
+    """Speculative decoding over the trajectory's steps (where its workers speculated)."""
+
+    drafted_tokens: int  # draft tokens proposed
+    accepted_tokens: int  # of those, accepted by the model
+    decode_steps: int  # engine steps that produced its tokens (generated - accepted)
+    tokens_per_decode_step: float  # generated tokens / decode_steps (1.0: no gain)
+
+
 class OutputRecord(TypedDict):
     task_id: str
     sample: int
@@ -106,3 +116,5 @@ class OutputRecord(TypedDict):
     # environment.type external: the gateway's episode id, how often it was handed out,
     # and why earlier hand-outs were abandoned (docs/gateway.md).
     episode: NotRequired[dict[str, Any]]
+    # Where the pool speculates (docs/speculation.md).
+    speculation: NotRequired[RecordSpeculation]

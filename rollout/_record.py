@@ -29,6 +29,7 @@ from ._tasks import Task
 __all__ = ["TrajectoryRun"]
 
 _NAN = float("nan")
+_SPECULATION_COUNTS = ("drafted_tokens", "accepted_tokens", "decode_steps", "tokens")
 
 
 @dataclass(eq=False)
@@ -72,6 +73,8 @@ class TrajectoryRun:
     segments: list[tuple[str | None, int, int]] = field(default_factory=list)
     step_weight_version: str | None = None  # the version the step under way names
     past_bound_restarts: int = 0  # restarts because its first step fell past the bound
+    # Speculative decoding over the steps whose worker speculated (None: none did).
+    speculation: dict[str, int] | None = None
 
     def apply(
         self,
@@ -120,6 +123,13 @@ class TrajectoryRun:
                     "cached_tokens": reply.cached_tokens,
                 }
             )
+        if reply.drafted_tokens is not None:
+            spec = self.speculation or dict.fromkeys(_SPECULATION_COUNTS, 0)
+            spec["drafted_tokens"] += reply.drafted_tokens
+            spec["accepted_tokens"] += reply.accepted_tokens or 0
+            spec["decode_steps"] += reply.decode_steps or 0
+            spec["tokens"] += generated
+            self.speculation = spec
         self.messages.extend(self.pending)
         self.messages.append({"role": "assistant", "content": reply.text})
         self.pending = []
@@ -168,6 +178,7 @@ class TrajectoryRun:
         self.tool_calls = self.tool_errors = 0
         self.tool_latency_s, self.tool_output_tokens, self.migrations = [], [], []
         self.queue_s = self.generate_s = self.engine_s = 0.0
+        self.speculation = None
         traj = self.traj
         traj.turns = traj.generated_tokens = traj.tool_calls = 0
         traj.turn_tokens = []
@@ -253,4 +264,14 @@ class TrajectoryRun:
         }
         if want_logprobs:
             rec["response_logprobs"] = [None if math.isnan(x) else x for x in self.logprobs]
+        if self.speculation is not None:
+            s = self.speculation
+            rec["speculation"] = {
+                "drafted_tokens": s["drafted_tokens"],
+                "accepted_tokens": s["accepted_tokens"],
+                "decode_steps": s["decode_steps"],
+                "tokens_per_decode_step": (
+                    round(s["tokens"] / s["decode_steps"], 4) if s["decode_steps"] else 0.0
+                ),
+            }
         return rec

@@ -53,6 +53,15 @@ from ._server import serve
 from ._sim_engine import SimulatedEngine
 from ._smollm2 import SMOLLM2, ModelManifest, default_model_cache, ensure_smollm2
 from ._smollm2_tools import SMOLLM2_TOOL_PARSER, SMOLLM2_TOOLS_TEMPLATE, install_tool_template
+from ._speculation import (
+    DEFAULT_SPECULATIVE_TOKENS,
+    NO_SPECULATION,
+    SPECULATION_METHODS,
+    SPECULATION_REFUSED_SAMPLING,
+    Speculation,
+    check_batch_size_table,
+    suffix_available,
+)
 from ._tiny_model import write_tiny_model
 from ._vllm_engine import VLLMConfig, VLLMEngine, parse_engine_arg
 from ._vllm_env import THREADS_BIND, vllm_cpu_env
@@ -61,15 +70,19 @@ from ._weights import LoadedWeights, weights_path
 __all__ = [
     "DEFAULT_MAX_RESIDENT",
     "DEFAULT_RESIDENT_TTL_S",
+    "DEFAULT_SPECULATIVE_TOKENS",
     "DEFAULT_WORKER_ARGS",
     "FIELD_RANGES",
     "KEEP_ALIVE_S",
     "MAX_BODY_BYTES",
     "NAMED_MODELS",
+    "NO_SPECULATION",
     "OPEN_PATHS",
     "SMOLLM2",
     "SMOLLM2_TOOLS_TEMPLATE",
     "SMOLLM2_TOOL_PARSER",
+    "SPECULATION_METHODS",
+    "SPECULATION_REFUSED_SAMPLING",
     "THREADS_BIND",
     "TINY",
     "TINY_DIR",
@@ -97,6 +110,7 @@ __all__ = [
     "Sampling",
     "SamplingParams",
     "SimulatedEngine",
+    "Speculation",
     "StateResponse",
     "StepOutput",
     "StepReply",
@@ -111,6 +125,7 @@ __all__ = [
     "WorkerEndpoint",
     "WorkerState",
     "add_worker_arguments",
+    "check_batch_size_table",
     "check_vllm_environment",
     "create_app",
     "default_model_cache",
@@ -123,6 +138,7 @@ __all__ = [
     "probe_vllm_import",
     "read_token",
     "serve",
+    "suffix_available",
     "tool_schema_error",
     "trajectory_id",
     "vllm_cpu_env",

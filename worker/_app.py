@@ -24,6 +24,7 @@ from heddle.exceptions import RequestError as ApiError
 from ._auth import BearerToken, document_auth
 from ._body_limit import MAX_BODY_BYTES, BodyLimit
 from ._chat import chat_delta
+from ._drafts import DraftHistory
 from ._engine import Engine, EngineError, Sampling, StepOutput
 from ._resident import DEFAULT_MAX_RESIDENT, DEFAULT_RESIDENT_TTL_S, ResidentContexts
 from ._schemas import (
@@ -39,12 +40,17 @@ from ._schemas import (
     ImportResponse,
     PurgeResponse,
     ReadyResponse,
+    SeedDraftsRequest,
+    SeedDraftsResponse,
+    SpeculationState,
     StateResponse,
+    StepSpeculation,
     Timings,
     ToolCall,
     WeightsRequest,
     WeightsResponse,
 )
+from ._speculation import SPECULATION_REFUSED_SAMPLING
 from ._weights import weights_path
 
 __all__ = ["WorkerState", "create_app"]
@@ -87,6 +93,18 @@ class _Metrics:
             "heddle_worker_max_resident_trajectories", "the cap on resident contexts", registry=r
         )
         self.weights = Info("heddle_worker_weights", "the weights served", registry=r)
+        # Speculative decoding, per step as vLLM counts it for each request.
+        self.drafted = Counter(
+            "heddle_worker_drafted_tokens", "draft tokens proposed (speculation)", registry=r
+        )
+        self.accepted = Counter(
+            "heddle_worker_accepted_tokens", "draft tokens accepted (speculation)", registry=r
+        )
+        self.draft_steps = Counter(
+            "heddle_worker_draft_steps",
+            "engine steps that verified a draft, per sequence",
+            registry=r,
+        )
         self.weight_loads = Counter(
             "heddle_worker_weight_loads", "in-place loads by result", ["result"], registry=r
         )
@@ -183,7 +201,13 @@ def _sentence(exc: RequestValidationError, vocab_size: int) -> tuple[int, str]:
         if field_ in TOKEN_ID_FIELDS and e.get("type") == "greater_than_equal":
             return 422, _outside_vocabulary(field_, e.get("input"), vocab_size)
         bounds = FIELD_RANGES.get(where)
-        if e.get("type") == "heddle":  # our validators' sentences name the field themselves
+        if e.get("type") == "extra_forbidden" and loc[-1] in SPECULATION_REFUSED_SAMPLING:
+            parts.append(
+                f"{where} is not supported: vLLM refuses min_p and logit_bias wherever "
+                "speculative decoding is configured, and a pool may speculate "
+                "(spec.speculation); leave it out and shape sampling with temperature and top_p"
+            )
+        elif e.get("type") == "heddle":  # our validators' sentences name the field themselves
             parts.append(str(e.get("msg")))
         elif bounds is not None:
             parts.append(f"{where} must be a number in {bounds}, not {e.get('input')!r}")
@@ -259,6 +283,36 @@ async def _until_disconnected(request: Request) -> None:
         pass
 
 
+def _step_speculation(output: StepOutput) -> StepSpeculation | None:
+    if output.drafted_tokens is None:
+        return None
+    accepted = output.accepted_tokens or 0
+    return StepSpeculation(
+        drafted_tokens=output.drafted_tokens,
+        accepted_tokens=accepted,
+        draft_steps=output.draft_steps or 0,
+        decode_steps=max(0, len(output.token_ids) - accepted),
+    )
+
+
+def _speculation_state(engine: Engine) -> SpeculationState | None:
+    spec = engine.speculation
+    if not spec.on:
+        return None
+    stats = engine.stats()
+    return SpeculationState(
+        method=spec.method,
+        num_speculative_tokens=spec.num_speculative_tokens,
+        by_batch_size=[list(e) for e in spec.by_batch_size],
+        drafted_tokens=stats.drafted_tokens,
+        accepted_tokens=stats.accepted_tokens,
+        draft_steps=stats.draft_steps,
+        acceptance_rate=stats.accepted_tokens / stats.drafted_tokens
+        if stats.drafted_tokens
+        else 0.0,
+    )
+
+
 def create_app(
     engine: Engine,
     *,
@@ -279,6 +333,7 @@ def create_app(
     under ``weights_roots`` (none: it refuses every path).
     """
     state = WorkerState(engine, grace_s, contexts=ResidentContexts(max_resident, resident_ttl_s))
+    drafts = DraftHistory()  # texts inserted into the engine's suffix cache, per job and task
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -550,6 +605,11 @@ def create_app(
         m.prompt.inc(output.prompt_tokens)
         m.cached.inc(output.cached_tokens)
         m.step_latency.observe(total)
+        speculation = _step_speculation(output)
+        if speculation is not None:
+            m.drafted.inc(speculation.drafted_tokens)
+            m.accepted.inc(speculation.accepted_tokens)
+            m.draft_steps.inc(speculation.draft_steps)
         state.recent.append((time.monotonic(), len(output.token_ids)))
         text = engine.decode(output.token_ids)
         reply = GenerateResponse(
@@ -570,6 +630,7 @@ def create_app(
                 total_s=total,
                 handle_s=time.monotonic() - received,
             ),
+            speculation=speculation,
         )
         # Built and typed above; sent as is, so FastAPI does not validate it a second time.
         return Response(reply.model_dump_json(), media_type="application/json")
@@ -626,7 +687,22 @@ def create_app(
         (a predecessor's leftovers) and when it ends."""
         gone = state.contexts.purge(job, state.busy)
         _dropped(gone, "purge")
+        drafts.purge(job)
         return PurgeResponse(job=job, released=len(gone))
+
+    @app.post(
+        "/v1/drafts", response_model=SeedDraftsResponse, responses=_errors(400, 413, 422, 503)
+    )
+    async def seed_drafts(body: SeedDraftsRequest) -> SeedDraftsResponse:
+        """Texts the engine's suffix cache should draft from (siblings run elsewhere, earlier
+        iterations of the task): inserted once each; a no-op where it does not run suffix."""
+        _refuse_when_unavailable()
+        for i, text in enumerate(body.texts):
+            _check_vocab(f"texts[{i}]", text)
+        seeded = 0
+        for key, tokens in drafts.new(body.job, body.task_id, body.texts):
+            seeded += await engine.seed_drafts(key, tokens)
+        return SeedDraftsResponse(seeded=seeded, held=drafts.held(body.job, body.task_id))
 
     @app.get("/v1/state", response_model=StateResponse)
     async def worker_state() -> StateResponse:
@@ -650,6 +726,7 @@ def create_app(
             tokens_per_s=state.tokens_per_s(),
             weight_version=engine.weights.version if engine.weights else None,
             weights_path=engine.weights.path if engine.weights else None,
+            speculation=_speculation_state(engine),
         )
 
     @app.post("/v1/weights", response_model=WeightsResponse, responses=_errors(400, 413, 422, 503))

@@ -56,6 +56,11 @@ class StepReply:
     # With tool_parser, from the worker's (vLLM's) parser: OpenAI-format calls and the prose.
     tool_calls: list[dict[str, Any]] | None = None
     content: str | None = None
+    # Speculation (None where the worker does not speculate): draft tokens proposed and
+    # accepted, and the engine steps that produced this step's tokens.
+    drafted_tokens: int | None = None
+    accepted_tokens: int | None = None
+    decode_steps: int | None = None
 
 
 class WorkerClient:
@@ -143,6 +148,7 @@ class WorkerClient:
             timeout=self.step_timeout_s,
         )
         timings = data["timings"]
+        spec = data.get("speculation")
         return StepReply(
             appended_token_ids=list(data.get("appended_token_ids", [])),
             token_ids=list(data["token_ids"]),
@@ -158,6 +164,9 @@ class WorkerClient:
             + float(timings["decode_s"]),
             tool_calls=data.get("tool_calls"),
             content=data.get("content"),
+            drafted_tokens=None if spec is None else int(spec["drafted_tokens"]),
+            accepted_tokens=None if spec is None else int(spec["accepted_tokens"]),
+            decode_steps=None if spec is None else int(spec["decode_steps"]),
         )
 
     async def import_context(

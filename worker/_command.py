@@ -17,6 +17,13 @@ from typing import Any, Literal
 
 from heddle.scheduler import ENGINE_BATCH_CAP
 
+from ._speculation import (
+    SPECULATION_METHODS,
+    Speculation,
+    format_batch_size_table,
+    parse_batch_size_table,
+)
+
 __all__ = [
     "DEFAULT_WORKER_ARGS",
     "WorkerArgs",
@@ -52,6 +59,35 @@ class WorkerArgs:
     max_resident: int | None = None  # None: the worker's own DEFAULT_MAX_RESIDENT
     resident_ttl_s: float | None = None  # None: the worker's own DEFAULT_RESIDENT_TTL_S
     weights_roots: tuple[str, ...] = field(default=())  # POST /v1/weights loads only under these
+    speculation: str | None = None  # vllm: off|ngram|suffix|auto; None: Speculation's default
+    num_speculative_tokens: int | None = None  # vllm: K; None: the table's largest, or default
+    speculative_tokens_by_batch_size: str | None = None  # vllm: "1-8:4,9-32:2,33-256:0"
+
+    def speculation_config(self) -> Speculation:
+        """The engine's speculation from the three flags (ConfigError: one sentence)."""
+        table = (
+            parse_batch_size_table(self.speculative_tokens_by_batch_size)
+            if self.speculative_tokens_by_batch_size
+            else ()
+        )
+        return Speculation.of(
+            self.speculation or Speculation().method, self.num_speculative_tokens, table
+        )
+
+    @staticmethod
+    def speculation_flags(speculation: Speculation) -> dict[str, Any]:
+        """The fields that give ``speculation`` (nothing for off): for a pod's command."""
+        if not speculation.on:
+            return {}
+        return {
+            "speculation": speculation.method,
+            "num_speculative_tokens": speculation.num_speculative_tokens,
+            "speculative_tokens_by_batch_size": (
+                format_batch_size_table(speculation.by_batch_size)
+                if speculation.by_batch_size
+                else None
+            ),
+        }
 
     def argv(self) -> list[str]:
         """``worker`` and every flag that is set, in a stable order (explicit in a pod spec)."""
@@ -102,6 +138,9 @@ _FLAGS = {
     "max_resident": "--max-resident",
     "resident_ttl_s": "--resident-ttl",
     "weights_roots": "--weights-root",
+    "speculation": "--speculation",
+    "num_speculative_tokens": "--num-speculative-tokens",
+    "speculative_tokens_by_batch_size": "--speculative-tokens-by-batch-size",
 }
 
 
@@ -197,6 +236,27 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="a directory under which POST /v1/weights may load checkpoints (repeatable); "
         "none: in-place loading is refused",
+    )
+    p.add_argument(
+        "--speculation",
+        choices=SPECULATION_METHODS,
+        default=d.speculation,
+        help="vllm: speculative decoding: ngram, suffix (vLLM's suffix decoding), auto (suffix "
+        "where arctic-inference imports, else ngram); default off (docs/speculation.md)",
+    )
+    p.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=d.num_speculative_tokens,
+        metavar="K",
+        help="vllm: draft tokens per step at most (default: 4, or the table's largest)",
+    )
+    p.add_argument(
+        "--speculative-tokens-by-batch-size",
+        default=d.speculative_tokens_by_batch_size,
+        metavar="TABLE",
+        help="vllm: K by running batch size, FIRST-LAST:K entries from 1, e.g. "
+        "1-8:4,9-32:2,33-256:0 (0: no drafting at those sizes)",
     )
     p.add_argument(
         "--token-file",

@@ -10,6 +10,7 @@ from typing import Any
 from heddle.exceptions import CheckpointError, EngineError
 from heddle.scheduler import SAMPLING_DEFAULTS
 
+from ._speculation import NO_SPECULATION, Speculation
 from ._weights import LoadedWeights
 
 __all__ = ["Engine", "EngineError", "EngineStats", "ParsedTurn", "Sampling", "StepOutput"]
@@ -40,6 +41,12 @@ class StepOutput:
     queue_s: float = 0.0
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    # Speculative decoding, this step's own counts (vLLM's per-request metrics): draft
+    # tokens proposed, of those accepted, and engine steps that verified a draft.
+    # ``None``: the engine does not speculate.
+    drafted_tokens: int | None = None
+    accepted_tokens: int | None = None
+    draft_steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,11 @@ class EngineStats:
     kv_usage: float  # fraction of the KV cache in use, 0..1
     generated_tokens: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+    # Speculative decoding since start, engine-wide (vLLM's scheduler stats, every request
+    # including aborted ones): draft tokens proposed and accepted, drafts verified.
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    draft_steps: int = 0
 
 
 class Engine(ABC):
@@ -73,6 +85,7 @@ class Engine(ABC):
     max_model_len: int
     vocab_size: int  # token ids run from 0 to vocab_size - 1; known once started
     weights: LoadedWeights | None = None  # what it serves; set by start() and load_weights()
+    speculation: Speculation = NO_SPECULATION  # how it drafts (resolved: never 'auto')
 
     @property
     @abstractmethod
@@ -121,6 +134,10 @@ class Engine(ABC):
         :class:`EngineError` when the engine broke while loading.
         """
         raise CheckpointError(f"the {self.name} engine cannot load weights in place")
+
+    async def seed_drafts(self, key: str, token_ids: list[int]) -> bool:
+        """Add a text the engine may draft from (vLLM's suffix cache); False: it cannot."""
+        return False
 
     def encode(self, text: str) -> list[int]:
         """Text to token ids (the engine's tokenizer)."""

@@ -197,6 +197,17 @@ class Timings(_Strict):
     )
 
 
+class StepSpeculation(_Strict):
+    """Speculative decoding in this step, vLLM's own per-request counts."""
+
+    drafted_tokens: int = Field(description="draft tokens proposed for this step")
+    accepted_tokens: int = Field(description="of those, accepted by the model")
+    draft_steps: int = Field(description="engine steps that verified a draft of this step")
+    decode_steps: int = Field(
+        description="engine steps that produced this step's tokens: tokens - accepted_tokens"
+    )
+
+
 class GenerateResponse(_Strict):
     trajectory_id: str
     appended_token_ids: list[int] = Field(
@@ -216,6 +227,9 @@ class GenerateResponse(_Strict):
         None, description="with tool_parser: the turn's text without its tool-call markup"
     )
     timings: Timings
+    speculation: StepSpeculation | None = Field(
+        None, description="drafted and accepted tokens; null where the worker does not speculate"
+    )
 
 
 class ImportRequest(_Strict):
@@ -234,6 +248,18 @@ class ImportResponse(_Strict):
 class ExportResponse(_Strict):
     trajectory_id: str
     token_ids: list[int]
+
+
+class SpeculationState(_Strict):
+    method: str = Field(description="off, ngram or suffix (auto resolved at start-up)")
+    num_speculative_tokens: int = Field(description="K, or the largest K of the table")
+    by_batch_size: list[list[int]] = Field(
+        description="[first, last, K] by running batch size; empty: K fixed"
+    )
+    drafted_tokens: int = Field(description="draft tokens proposed since start, engine-wide")
+    accepted_tokens: int = Field(description="of those, accepted")
+    draft_steps: int = Field(description="drafts verified (one per sequence and engine step)")
+    acceptance_rate: float = Field(description="accepted_tokens / drafted_tokens (0 if none)")
 
 
 class StateResponse(_Strict):
@@ -261,6 +287,26 @@ class StateResponse(_Strict):
         None, description="the version last loaded with POST /v1/weights; null: start-up weights"
     )
     weights_path: str | None = Field(None, description="where the served weights came from")
+    speculation: SpeculationState | None = Field(
+        None, description="how the engine drafts and its counts; null: it does not speculate"
+    )
+
+
+class SeedDraftsRequest(_Strict):
+    """Texts for the engine's suffix cache to draft from (siblings', earlier iterations')."""
+
+    texts: list[list[TokenId]] = Field(
+        min_length=1, max_length=256, description="token ids of each text; in the vocabulary"
+    )
+    job: str = Field(min_length=1, max_length=253, description="the RolloutJob they belong to")
+    task_id: str = Field(
+        min_length=1, max_length=253, description="the texts' task: history is kept per task"
+    )
+
+
+class SeedDraftsResponse(_Strict):
+    seeded: int = Field(description="texts added to the engine's suffix cache by this call")
+    held: int = Field(description="texts of the job's task inserted so far (bounded history)")
 
 
 class PurgeResponse(_Strict):

@@ -23,6 +23,7 @@ from heddle.scheduler import ENGINE_BATCH_CAP
 from ._engine import Engine, EngineError, EngineStats, ParsedTurn, Sampling, StepOutput
 from ._engine_arg_names import VLLM_ENGINE_ARG_NAMES, VLLM_LINE
 from ._environment import is_cpu_build
+from ._speculation import NO_SPECULATION, Speculation
 from ._tool_parsing import VLLMToolParsers
 from ._vllm_env import vllm_cpu_env
 from ._weights import CheckpointLayout, LoadedWeights, check_compatible, checkpoint_layout
@@ -41,7 +42,13 @@ PROTECTED_ENGINE_ARGS = {
     "tensor_parallel_size": "the TP degree comes from the pool's shape",
     "scheduling_policy": "Heddle's priorities need 'priority'",
     "enable_prefix_caching": "trajectory-resident contexts need the prefix cache",
+    "speculative_config": "set speculation with --speculation (the pool's spec.speculation)",
+    "worker_extension_cls": "Heddle's vLLM fixes and draft seeding need its own extension",
+    "per_request_spec_decode_metrics": "Heddle reports drafted and accepted tokens per step",
 }
+
+# vLLM imports it in every worker process: it applies heddle.worker._vllm_patches there.
+WORKER_EXTENSION = "heddle.worker._vllm_extension.HeddleWorkerExtension"
 
 
 # vLLM's refusal of a max_model_len above the model's ("User-specified max_model_len
@@ -67,6 +74,7 @@ class VLLMConfig:
     kv_cache_gib: int = 1
     seed: int = 0
     engine_args: tuple[tuple[str, Any], ...] = ()  # more vLLM engine args (EnginePool extraArgs)
+    speculation: Speculation = NO_SPECULATION  # drafting method and K (EnginePool speculation)
 
 
 def parse_engine_arg(text: str, where: str = "--vllm-arg") -> tuple[str, Any]:
@@ -120,7 +128,13 @@ def engine_kwargs(config: VLLMConfig, *, cpu_build: bool) -> dict[str, Any]:
         "seed": config.seed,
         "enable_prefix_caching": True,
         "scheduling_policy": "priority",
+        "worker_extension_cls": WORKER_EXTENSION,
     }
+    speculative = config.speculation.resolved().vllm_config()
+    if speculative is not None:
+        kwargs["speculative_config"] = speculative
+        # Drafted and accepted tokens on each request's final output (summary counts).
+        kwargs["per_request_spec_decode_metrics"] = "summary"
     if config.max_model_len is not None:  # else vLLM derives the model's own
         kwargs["max_model_len"] = config.max_model_len
     if config.block_size is not None:
@@ -149,6 +163,20 @@ def _engine_core_times(stats: Any) -> tuple[float, float | None, float | None]:
     return queue_s, max(0.0, first - scheduled), max(0.0, last - first)
 
 
+def _speculated(completion: Any, on: bool) -> tuple[int | None, int | None, int | None]:
+    """(drafted, accepted, verify steps) of one request from vLLM's per-request summary:
+    ``histogram[j]`` counts the steps that accepted j draft tokens. Zeros where the
+    engine speculates but never drafted for the request; ``None`` where it does not."""
+    if not on:
+        return None, None, None
+    metrics = getattr(completion, "spec_decode_metrics", None)
+    if metrics is None:
+        return 0, 0, 0
+    histogram = list(metrics.histogram)
+    accepted = sum(j * n for j, n in enumerate(histogram))
+    return int(metrics.num_draft_tokens), accepted, sum(histogram)
+
+
 class VLLMEngine(Engine):
     """Steps as vLLM requests: token-id prompts, per-request priority, prefix cache."""
 
@@ -170,7 +198,9 @@ class VLLMEngine(Engine):
         self._failed: str | None = None
         self.generated_tokens = 0
         # Latest scheduler figures vLLM reported (running, waiting, KV usage).
-        self._scheduler: dict[str, float] = {"running": 0, "waiting": 0, "kv_usage": 0.0}
+        self._scheduler: dict[str, float] = dict.fromkeys(
+            ("running", "waiting", "kv_usage", "drafted", "accepted", "drafts"), 0
+        )
 
     @property
     def ready(self) -> bool:
@@ -194,6 +224,9 @@ class VLLMEngine(Engine):
                 f"of {int(float(too_long['own']))} tokens: leave it out (--max-model-len, the "
                 "pool's vllm.maxModelLen) to use the model's own, or give a smaller value"
             ) from None
+        self.speculation = self.config.speculation.resolved()
+        if self.speculation.on:
+            await self._refuse_faulty_speculation()
         self.max_model_len = int(self._llm.model_config.max_model_len)
         self._tokenizer = self._llm.tokenizer
         self._tool_parsers = VLLMToolParsers(self._tokenizer, self.model)
@@ -205,6 +238,27 @@ class VLLMEngine(Engine):
         self.weights = LoadedWeights(self.config.model, None)
         if os.path.isdir(self.config.model):  # an HF id: only the architecture can be checked
             self._layout = await asyncio.to_thread(checkpoint_layout, self.config.model)
+
+    async def _refuse_faulty_speculation(self) -> None:
+        """Every rank's fault checks (heddle.worker._vllm_patches): a fault found and not
+        fixed stops the engine with the reason; corrupted samples are never served."""
+        from ._vllm_patches import speculation_faults  # noqa: PLC0415
+
+        results = await self._llm.collective_rpc("heddle_speculation_faults")
+        why = speculation_faults(
+            list(results), batch_size_table=bool(self.speculation.by_batch_size)
+        )
+        if why is not None:
+            self._llm.shutdown()
+            self._llm = None
+            raise ConfigError(why)
+
+    async def seed_drafts(self, key: str, token_ids: list[int]) -> bool:
+        """Insert a text into every rank's suffix cache (``collective_rpc``)."""
+        if not self.ready or self.speculation.method != "suffix":
+            return False
+        done = await self._llm.collective_rpc("heddle_seed_drafts", args=(key, token_ids))
+        return all(bool(d) for d in done)
 
     async def load_weights(self, path: str, version: str, *, keep: bool = False) -> LoadedWeights:
         """vLLM's in-place reload on every TP rank: ``collective_rpc("reload_weights")``.
@@ -271,6 +325,11 @@ class VLLMEngine(Engine):
                     figures["running"] = scheduler_stats.num_running_reqs
                     figures["waiting"] = scheduler_stats.num_waiting_reqs
                     figures["kv_usage"] = scheduler_stats.kv_cache_usage
+                    spec = getattr(scheduler_stats, "spec_decoding_stats", None)
+                    if spec is not None:
+                        figures["drafted"] += spec.num_draft_tokens
+                        figures["accepted"] += spec.num_accepted_tokens
+                        figures["drafts"] += spec.num_drafts
 
             def log_engine_initialized(self) -> None:
                 pass
@@ -355,6 +414,7 @@ class VLLMEngine(Engine):
         queue_s, prefill_s, decode_s = _engine_core_times(final.metrics)
         if prefill_s is None or decode_s is None:  # no stats from vLLM: the worker's clock
             prefill_s, decode_s = 0.0, max(0.0, done - started - queue_s)
+        drafted, accepted, draft_steps = _speculated(completion, self.speculation.on)
         return StepOutput(
             token_ids=tokens,
             finish_reason="abort" if aborted else (completion.finish_reason or "stop"),
@@ -364,6 +424,9 @@ class VLLMEngine(Engine):
             queue_s=queue_s,
             prefill_s=prefill_s,
             decode_s=decode_s,
+            drafted_tokens=drafted,
+            accepted_tokens=accepted,
+            draft_steps=draft_steps,
         )
 
     async def warm(self, trajectory_id: str, context: list[int]) -> None:
@@ -387,6 +450,9 @@ class VLLMEngine(Engine):
             waiting=0 if idle else int(self._scheduler["waiting"]),
             kv_usage=float(self._scheduler["kv_usage"]),
             generated_tokens=self.generated_tokens,
+            drafted_tokens=int(self._scheduler["drafted"]),
+            accepted_tokens=int(self._scheduler["accepted"]),
+            draft_steps=int(self._scheduler["drafts"]),
         )
 
     def encode(self, text: str) -> list[int]:

@@ -19,6 +19,7 @@ __all__ = [
     "GenerateReplyBody",
     "ImportBody",
     "SamplingBody",
+    "StepSpeculationBody",
     "TimingsBody",
     "WeightsBody",
     "WeightsReplyBody",
@@ -58,6 +59,15 @@ class TimingsBody(TypedDict):
     handle_s: NotRequired[float]  # total_s plus the worker's own handling
 
 
+class StepSpeculationBody(TypedDict):
+    """A step's drafted and accepted tokens (``StepSpeculation``)."""
+
+    drafted_tokens: int
+    accepted_tokens: int
+    draft_steps: int
+    decode_steps: int
+
+
 class GenerateReplyBody(TypedDict):
     """The reply to a step (``GenerateResponse``)."""
 
@@ -73,6 +83,7 @@ class GenerateReplyBody(TypedDict):
     tool_calls: NotRequired[list[dict[str, Any]] | None]
     content: NotRequired[str | None]
     timings: TimingsBody
+    speculation: NotRequired[StepSpeculationBody | None]
 
 
 class ImportBody(TypedDict):

@@ -327,6 +327,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             NAMED_MODELS,
             VLLMConfig,
             VLLMEngine,
+            WorkerArgs,
             check_vllm_environment,
             named_model_dir,
             parse_engine_arg,
@@ -336,6 +337,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         if not args.model:
             raise ConfigError("--engine vllm needs --model (an HF model directory or id)")
         model = str(named_model_dir(args.model)) if args.model in NAMED_MODELS else args.model
+        speculation = WorkerArgs.from_namespace(args).speculation_config()
         vllm_engine = VLLMEngine(
             VLLMConfig(
                 model=model,
@@ -347,6 +349,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
                 kv_cache_gib=args.kv_cache_gib,
                 seed=args.seed,
                 engine_args=tuple(parse_engine_arg(a) for a in args.vllm_arg),
+                speculation=speculation,
             )
         )
         serve(
@@ -358,6 +361,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             **limits,
         )
         return 0
+    if args.speculation not in (None, "off"):
+        raise ConfigError(
+            f"--speculation {args.speculation} needs --engine vllm: the sim engine does not "
+            "draft (heddle bench models speculation in the simulator)"
+        )
     perf = load_cluster(args.cluster).perf_model()
     if perf.kv_capacity_tokens(args.tp) <= 0:
         raise ConfigError(f"{perf.model.name} does not fit on TP{args.tp}; raise --tp")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from heddle.api import ALLOWED_IMAGES_ENV, ALLOWED_SERVICE_ACCOUNTS_ENV, POD_ALLOW_ENV
 from heddle.rollout import DATA_ROOT
+from heddle.worker import SPECULATION_METHODS
 
 if TYPE_CHECKING:
     pass
@@ -48,6 +49,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         time_scale=args.time_scale,
         scripted_replies=args.scripted_replies,
+        speculation=args.speculation,
     )
     signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: workers stopped, output closed
     printer = ProgressPrinter(local.job.name) if not args.quiet else None
@@ -167,6 +169,13 @@ def add_run_parser(sub: Any) -> None:
         default=None,
         help="context cap per worker (default: the pool's, at most 4096 on vllm; 65536 on sim, "
         "whose tokens are bytes)",
+    )
+    p.add_argument(
+        "--speculation",
+        choices=SPECULATION_METHODS,
+        default=None,
+        help="vllm: override the pool's spec.speculation.method (off, ngram, suffix, auto), "
+        "keeping its K (docs/speculation.md)",
     )
     p.add_argument("--time-scale", type=float, default=1.0, help="sim: scale the model's times")
     p.add_argument(

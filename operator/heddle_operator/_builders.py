@@ -65,6 +65,12 @@ def spec_hash(pool: EnginePoolSpec, token_digest: str = "") -> str:
         "vllm": [pool.vllm.max_model_len, pool.vllm.gpu_memory_utilization, *pool.vllm.extra_args],
         "pod": pool.pod,
         "shm": pool.shm_size_limit,
+        # Left out when off, so pools that never speculate keep their pods' hash.
+        **(
+            {"speculation": WorkerArgs.speculation_flags(pool.speculation)}
+            if pool.speculation.on
+            else {}
+        ),
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -120,6 +126,7 @@ def worker_pod(
             max_model_len=pool.vllm.max_model_len,
             gpu_memory_utilization=pool.vllm.gpu_memory_utilization,
             weights_roots=_weights_roots(pool),
+            **WorkerArgs.speculation_flags(pool.speculation),
         ).argv(),
     ]
     probe = {"httpGet": {"path": "/readyz", "port": WORKER_PORT}, "periodSeconds": 5}

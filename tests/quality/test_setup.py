@@ -86,6 +86,8 @@ def test_make_targets_set_up_then_run_what_readme_describes() -> None:
     assert "-r requirements/smollm2-deps.txt" in setup
     assert "heddle model smollm2" in setup
     assert "heddle doctor" in setup
+    # vLLM's suffix decoding: arctic-inference built from its sdist once, cached, --no-deps.
+    assert "requirements/build-arctic-inference.sh $(PY)" in setup
     # checkov's own venv, where tests/quality/test_chart_tools.py looks for it.
     assert "-m venv $(VENV)/checkov" in setup
     assert "$(VENV)/checkov/bin/pip install --quiet -r requirements/checkov.txt" in setup
@@ -118,3 +120,16 @@ def test_this_environment_is_set_up_the_supported_way() -> None:
     for dist in CPU_TORCH_INCOMPATIBLE:
         with pytest.raises(metadata.PackageNotFoundError):
             metadata.version(dist)
+
+
+def test_suffix_decoding_is_installed_at_the_release_vllm_names() -> None:
+    """``--speculation suffix`` imports arctic-inference's suffix cache inside vLLM."""
+    (pin,) = _requirements("requirements/arctic-inference.txt")
+    assert pin.specifier.contains(metadata.version("arctic-inference"))
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+    cache = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=4)
+    cache.start_request("r", [1, 2, 3, 4])
+    cache.add_active_response("r", [1, 2, 3, 4, 1, 2])
+    draft = cache.speculate("r", [1, 2], max_spec_tokens=4, max_spec_factor=2.0, min_token_prob=0.0)
+    assert draft.token_ids == [3, 4]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -51,7 +52,8 @@ def test_the_record_written_is_the_typed_output_record_and_the_docs_name_every_f
     run.status = TrajectoryStatus.DONE
     record = run.record(policy="heddle", want_logprobs=True, weight_version="7")
     fields = set(get_type_hints(OutputRecord))
-    assert set(record) == fields - {"episode"}  # episode: external environments only
+    # episode: external environments only; speculation: pools that speculate
+    assert set(record) == fields - {"episode", "speculation"}
     assert set(record) - {"response_logprobs"} == set(OutputRecord.__required_keys__)
     assert json.loads(json.dumps(record))["status"] == "done"
     docs = (Path(__file__).resolve().parents[2] / "docs" / "rollouts.md").read_text()
@@ -94,3 +96,27 @@ def test_without_named_weights_the_versions_stay_empty() -> None:
     record = run.record(policy="heddle", want_logprobs=False)
     assert record["weight_version"] is None and record["weight_versions"] == []
     assert record["segments"] == [{"weight_version": None, "response_start": 0, "response_end": 1}]
+
+
+def test_speculation_counts_add_up_over_steps_into_tokens_per_decode_step() -> None:
+    run = _run()
+    for tokens, drafted, accepted in (([5, 6, 7, 8], 6, 2), ([9, 10], 2, 0)):
+        reply = StepReply([1], tokens, "x", "stop", 1, 0, None, 0.0, 0.0)
+        reply = dataclasses.replace(
+            reply,
+            drafted_tokens=drafted,
+            accepted_tokens=accepted,
+            decode_steps=len(tokens) - accepted,
+        )
+        run.apply("w", reply, want_logprobs=False)
+    record = run.record(policy="heddle", want_logprobs=False)
+    # 6 tokens in 4 engine steps: 2 of them came from accepted drafts.
+    assert record["speculation"] == {
+        "drafted_tokens": 8,
+        "accepted_tokens": 2,
+        "decode_steps": 4,
+        "tokens_per_decode_step": 1.5,
+    }
+    plain = _run()
+    plain.apply("w", StepReply([1], [5], "x", "stop", 1, 0, None, 0.0, 0.0), False)
+    assert "speculation" not in plain.record(policy="heddle", want_logprobs=False)

@@ -16,11 +16,13 @@ from heddle.worker import (
     WeightsRequest,
     WeightsResponse,
 )
+from heddle.worker._schemas import StepSpeculation
 from heddle.worker._wire import (
     GenerateBody,
     GenerateReplyBody,
     ImportBody,
     SamplingBody,
+    StepSpeculationBody,
     TimingsBody,
     WeightsBody,
     WeightsReplyBody,
@@ -30,6 +32,7 @@ PAIRS: list[tuple[Any, type[BaseModel]]] = [
     (SamplingBody, SamplingParams),
     (GenerateBody, GenerateRequest),
     (TimingsBody, Timings),
+    (StepSpeculationBody, StepSpeculation),
     (GenerateReplyBody, GenerateResponse),
     (ImportBody, ImportRequest),
     (WeightsBody, WeightsRequest),

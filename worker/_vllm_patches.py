@@ -1,0 +1,150 @@
+"""Two faults of vLLM's speculative decoding, fixed where they are found, in vLLM's own process.
+
+Each fix is guarded by a check of the fault itself, not of a version: where an
+upgrade fixed vLLM, the check finds no fault and nothing is patched; where the
+code moved so that the fix no longer applies, the check reports the fault as
+unfixed and the worker refuses to speculate (never serving corrupted samples).
+The checks and fixes run in every process that samples (vLLM's workers import
+:mod:`heddle.worker._vllm_extension`, which applies them) and the worker asks each
+of them for the result after start-up (:func:`speculation_faults`).
+
+1. ``expand``: on vLLM's CPU build, ``rejection_sampler.expand_batch_to_tokens``
+   runs ``cpu_triton_utils._expand_kernel_impl``, which passes ``_ensure_int64``
+   copies of its float input and output to an int64 kernel: per-token temperature
+   and top-p at draft positions stay uninitialised, and sampling at T > 0 with
+   speculation returns garbage with no error (acceptance fell to 2.8% in a trial).
+   Fixed by a pure-torch expansion (the same contract, any dtype).
+2. ``suffix-k``: ``SuffixDecodingProposer.propose`` asserts that the K the
+   scheduler asks for equals the configured K, so a K by batch size
+   (``num_speculative_tokens_per_batch_size``) kills the engine on its first
+   smaller K. Fixed by drafting at most the K asked for.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+__all__ = ["FAULTS", "apply_patches", "speculation_faults"]
+
+FAULTS = ("expand", "suffix-k")
+# Results, by fault: "absent" (vLLM is right), "patched" (fixed here), "unfixed" (found, and
+# the fix did not take: speculation is refused), "n/a" (the code it concerns is not there).
+_results: dict[str, str] = {}
+
+
+def _expand_batch_to_tokens(
+    x: Any, cu_num_tokens: Any, num_tokens: int, replace_from: int = 0, replace_to: int = 0
+) -> Any:
+    """vLLM's ``expand_batch_to_tokens`` in torch: row i of ``x`` repeated for its tokens
+    (``cu_num_tokens`` cumulative), ``replace_from`` values replaced by ``replace_to``."""
+    import torch  # noqa: PLC0415 - only inside vLLM's processes
+
+    counts = torch.diff(cu_num_tokens.to(torch.int64), prepend=cu_num_tokens.new_zeros(1))
+    values = torch.where(x == replace_from, torch.full_like(x, replace_to), x)
+    expanded = torch.repeat_interleave(values, counts.clamp(min=0))
+    out = x.new_zeros(num_tokens)
+    n = min(num_tokens, int(expanded.shape[0]))
+    out[:n] = expanded[:n]
+    return out
+
+
+def _expand_is_right(rejection_sampler: Any) -> bool:
+    """Expand float rows as the rejection sampler does for temperature and top-p."""
+    import torch  # noqa: PLC0415
+
+    x = torch.tensor([0.7, 0.0, 1.3], dtype=torch.float32)
+    cu = torch.tensor([2, 3, 6], dtype=torch.int32)
+    try:
+        got = rejection_sampler.expand_batch_to_tokens(x, cu, 6, replace_from=0, replace_to=1)
+    except Exception:  # e.g. no kernel for this platform yet: take it as wrong, use ours
+        return False
+    want = torch.tensor([0.7, 0.7, 1.0, 1.3, 1.3, 1.3], dtype=torch.float32)
+    return bool(got.dtype == x.dtype and torch.allclose(got, want))
+
+
+def _check_expand() -> str:
+    try:
+        from vllm.v1.sample import rejection_sampler  # noqa: PLC0415
+    except ImportError:
+        return "n/a"
+    if not hasattr(rejection_sampler, "expand_batch_to_tokens"):
+        return "n/a"
+    if _expand_is_right(rejection_sampler):
+        return "patched" if _results.get("expand") == "patched" else "absent"
+    rejection_sampler.expand_batch_to_tokens = _expand_batch_to_tokens
+    return "patched" if _expand_is_right(rejection_sampler) else "unfixed"
+
+
+def _check_suffix_k() -> str:
+    try:
+        from vllm.v1.spec_decode.suffix_decoding import (  # noqa: PLC0415
+            SuffixDecodingProposer,
+        )
+    except ImportError:
+        return "n/a"
+    propose = SuffixDecodingProposer.propose
+    if getattr(propose, "_heddle_patched", False):
+        return "patched"
+    source = inspect.getsource(propose)
+    if "num_speculative_tokens == self.num_speculative_tokens" not in source:
+        return "absent"
+    params = list(inspect.signature(propose).parameters)
+    if params[:2] != ["self", "num_speculative_tokens"] or (
+        "self.num_speculative_tokens" not in source.split("max_spec_tokens", 1)[-1]
+    ):
+        return "unfixed"  # the method changed shape: the fix below would not mean the same
+
+    @functools.wraps(propose)
+    def fixed(self: Any, num_speculative_tokens: int, *args: Any, **kwargs: Any) -> Any:
+        # The configured K is the cap; this step's K (by batch size) may be smaller.
+        configured = self.num_speculative_tokens
+        self.num_speculative_tokens = min(num_speculative_tokens, configured)
+        try:
+            return propose(self, self.num_speculative_tokens, *args, **kwargs)
+        finally:
+            self.num_speculative_tokens = configured
+
+    fixed._heddle_patched = True  # type: ignore[attr-defined]
+    SuffixDecodingProposer.propose = fixed
+    return "patched"
+
+
+def apply_patches() -> dict[str, str]:
+    """Check each fault, fix it where found; idempotent. Returns the result by fault.
+
+    ``HEDDLE_VLLM_PATCHES=0`` leaves vLLM as it is (the exactness tests check that
+    catch the faults this way): every fault reports ``unchecked``, and the worker
+    speculates on the unpatched engine. Never set it to serve a rollout.
+    """
+    import os  # noqa: PLC0415
+
+    if os.environ.get("HEDDLE_VLLM_PATCHES", "1") == "0":
+        _results.update(dict.fromkeys(FAULTS, "unchecked"))
+        return dict(_results)
+    _results["expand"] = _check_expand()
+    _results["suffix-k"] = _check_suffix_k()
+    return dict(_results)
+
+
+def speculation_faults(results: list[dict[str, str]], *, batch_size_table: bool) -> str | None:
+    """Why speculation must not run, from every rank's results; ``None``: it may.
+
+    ``suffix-k`` matters only with a K by batch size; ``unchecked`` (patches turned
+    off) is allowed so a test can show what the unpatched engine does.
+    """
+    for rank, result in enumerate(results):
+        if result.get("expand") == "unfixed":
+            return (
+                f"vLLM's rejection sampler on rank {rank} expands per-token temperature and "
+                "top-p wrongly (the CPU build's expand kernel) and Heddle's fix did not take: "
+                "speculation would sample garbage at T > 0; run without speculation"
+            )
+        if batch_size_table and result.get("suffix-k") == "unfixed":
+            return (
+                f"vLLM's suffix proposer on rank {rank} cannot draft fewer tokens than "
+                "num_speculative_tokens and Heddle's fix did not take: give a fixed K "
+                "instead of a table by batch size"
+            )
+    return None
