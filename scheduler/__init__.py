@@ -9,7 +9,10 @@ Everything the operator, the worker and the simulator decide about *when*,
 * :class:`ToolWindowMigration` – moves during tool calls, one per sender and receiver,
 * :class:`AnnealingShapePlanner` – the TP mix of a pool under its GPU budget,
 * the baselines (``verl``, ``verl-star``, ``slime``, ``fcfs``) behind the same interfaces,
-* :class:`PerfModel` – the explicit engine performance model all of them share.
+* :class:`PerfModel` – the explicit engine performance model all of them share,
+* speculative decoding: drafters replayed exactly (:func:`ngram_draft`, :class:`SuffixIndex`,
+  :func:`replay_group`), the acceptance model, K by batch size (:func:`k_by_batch_size`)
+  and group co-location (:func:`plan_group_colocation`).
 
 This package imports only the standard library, numpy and :mod:`heddle.exceptions`
 (checked by tests/quality).
@@ -17,6 +20,15 @@ This package imports only the standard library, numpy and :mod:`heddle.exception
 
 from ._cluster import ClusterSpec
 from ._dp import Items, aggregate, group_cost, solve_contiguous
+from ._drafting import (
+    SUFFIX_DEFAULTS,
+    Draft,
+    SuffixDrafter,
+    SuffixIndex,
+    SuffixParams,
+    accepted_prefix,
+    ngram_draft,
+)
 from ._evaluation import PredictorQuality, evaluate_predictor, history_of
 from ._limits import SAMPLING_LIMITS, SamplingLimits
 from ._migration import MigrationConfig, MigrationPlanner, Move, NoMigration, ToolWindowMigration
@@ -77,8 +89,21 @@ from ._profiled import (
     fit_prefill,
     load_profile,
 )
+from ._replay import ReplayConfig, ReplaySample, SampleReplay, replay_group, tokens_per_step
 from ._reshape import EngineSnapshot, Merge, TailMergeConfig, TailMergePlanner
 from ._shape import AnnealingShapePlanner, FixedShape, ShapeConfig, ShapePlan, ShapePlanner
+from ._speculation import (
+    ACCEPTANCE_PRESETS,
+    METHODS,
+    AcceptanceModel,
+    ColocationPlan,
+    SpeculationConfig,
+    choose_k,
+    fit_acceptance,
+    geometric_tokens_per_step,
+    k_by_batch_size,
+    plan_group_colocation,
+)
 from ._stats import pearson, tail_recall
 from ._trace import (
     TRACE_FORMAT,
@@ -100,22 +125,28 @@ from ._types import (
 from ._workload import Distribution, ToolSpec, TrajectoryScript, WorkloadSpec, generate
 
 __all__ = [
+    "ACCEPTANCE_PRESETS",
     "BASELINES",
     "HARDWARE_PRESETS",
+    "METHODS",
     "MODEL_PRESETS",
     "POLICIES",
     "PROFILE_FORMAT",
     "SAMPLING_LIMITS",
     "SIMULATION_ONLY",
+    "SUFFIX_DEFAULTS",
     "TRACE_FORMAT",
     "TRACE_VERSION",
+    "AcceptanceModel",
     "AnnealingShapePlanner",
     "BenchWorkload",
     "ClusterSpec",
     "ClusterView",
+    "ColocationPlan",
     "DPPlacement",
     "DecodeFit",
     "Distribution",
+    "Draft",
     "EngineInstance",
     "EngineProfile",
     "EngineSnapshot",
@@ -145,15 +176,22 @@ __all__ = [
     "ProfiledPerfModel",
     "ProgressPredictor",
     "ProgressivePriority",
+    "ReplayConfig",
+    "ReplaySample",
     "RoundRobinPlacement",
+    "SampleReplay",
     "SamplingLimits",
     "SchedulingPolicy",
     "ShapeConfig",
     "ShapePlan",
     "ShapePlanner",
     "SiblingPredictor",
+    "SpeculationConfig",
     "StepOverhead",
     "StickyPlacement",
+    "SuffixDrafter",
+    "SuffixIndex",
+    "SuffixParams",
     "TailMergeConfig",
     "TailMergePlanner",
     "ThresholdStickyPlacement",
@@ -163,30 +201,39 @@ __all__ = [
     "TrajectoryScript",
     "TrajectoryState",
     "WorkloadSpec",
+    "accepted_prefix",
     "aggregate",
     "check_tp_sizes",
+    "choose_k",
     "engine_priority",
     "evaluate_predictor",
+    "fit_acceptance",
     "fit_decode",
     "fit_prefill",
     "fits_nodes",
     "generate",
+    "geometric_tokens_per_step",
     "get_policy",
     "group_cost",
     "history_of",
+    "k_by_batch_size",
     "load_profile",
     "make_migration",
     "make_ordering",
     "make_placement",
     "make_predictor",
+    "ngram_draft",
     "node_sizes",
     "pearson",
     "pick_preemption",
+    "plan_group_colocation",
     "plan_placement",
+    "replay_group",
     "scripts_from_trace",
     "solve_contiguous",
     "solve_lengths",
     "synthetic_bench",
     "tail_recall",
+    "tokens_per_step",
     "trace_bench",
 ]

@@ -12,13 +12,17 @@ from ._entities import SimEngine, SimTrajectory
 from ._plan import SimulatedShapePlanner, workload_sketch
 from ._results import SimResult
 from ._simulator import PlannerCost, SimConfig, Simulator
+from ._speculation import EngineSpeculator, GroupStickyPlacement, SimSpeculation
 
 __all__ = [
+    "EngineSpeculator",
+    "GroupStickyPlacement",
     "LowerBound",
     "PlannerCost",
     "SimConfig",
     "SimEngine",
     "SimResult",
+    "SimSpeculation",
     "SimTrajectory",
     "SimulatedShapePlanner",
     "Simulator",
