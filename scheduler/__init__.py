@@ -94,15 +94,18 @@ from ._reshape import EngineSnapshot, Merge, TailMergeConfig, TailMergePlanner
 from ._shape import AnnealingShapePlanner, FixedShape, ShapeConfig, ShapePlan, ShapePlanner
 from ._speculation import (
     ACCEPTANCE_PRESETS,
+    HEDDLE_SPECULATION,
     METHODS,
     AcceptanceModel,
     ColocationPlan,
     SpeculationConfig,
+    acceptance_model,
     choose_k,
     fit_acceptance,
     geometric_tokens_per_step,
     k_by_batch_size,
     plan_group_colocation,
+    sensitivity_model,
 )
 from ._stats import pearson, tail_recall
 from ._trace import (
@@ -128,6 +131,7 @@ __all__ = [
     "ACCEPTANCE_PRESETS",
     "BASELINES",
     "HARDWARE_PRESETS",
+    "HEDDLE_SPECULATION",
     "METHODS",
     "MODEL_PRESETS",
     "POLICIES",
@@ -201,6 +205,7 @@ __all__ = [
     "TrajectoryScript",
     "TrajectoryState",
     "WorkloadSpec",
+    "acceptance_model",
     "accepted_prefix",
     "aggregate",
     "check_tp_sizes",
@@ -230,6 +235,7 @@ __all__ = [
     "plan_placement",
     "replay_group",
     "scripts_from_trace",
+    "sensitivity_model",
     "solve_contiguous",
     "solve_lengths",
     "synthetic_bench",

@@ -56,9 +56,9 @@ class ReplayConfig:
 
     ``source``: ``own`` (the request alone on its engine), ``siblings`` (the
     group's other samples on the same engine, ``siblings`` of them, all when
-    None), ``history`` (siblings plus ``history`` earlier samples of the task in
-    the engine's tree). ``ngram`` drafts from the request's own context whatever
-    the source (vLLM's n-gram matcher sees nothing else).
+    None), ``history`` (the request alone with up to ``history`` finished earlier
+    samples of the task in the engine's tree). ``ngram`` drafts from the request's
+    own context whatever the source (vLLM's n-gram matcher sees nothing else).
     """
 
     method: Method = "suffix"
@@ -107,21 +107,29 @@ def replay_group(
 ) -> list[SampleReplay]:
     """Replay each of ``samples`` with the drafting corpus ``config`` names.
 
-    With ``source="own"`` each sample runs alone; otherwise each sample runs with
-    ``config.siblings`` of the others (the next ones in sample order, wrapping)
+    With ``source="own"`` each sample runs alone; with ``siblings`` each sample runs
+    with ``config.siblings`` of the others (the next ones in sample order, wrapping)
     started at the same time on the same engine, and is scored as the focus of
-    that run. Every sample of the group is scored once.
+    that run; with ``history`` it runs alone with ``history`` in the tree (all the
+    group's other samples, finished, when ``history`` is empty). Every sample of
+    the group is scored once.
     """
     ordered = sorted(samples, key=lambda s: s.sample)
     out: list[SampleReplay] = []
     n = len(ordered)
+    whole = config.siblings is None or config.siblings >= n - 1
+    if config.source == "siblings" and config.method == "suffix" and whole:
+        return _run_engine(ordered, [], config)  # one run scores every sample
     for i, focus in enumerate(ordered):
-        if config.source == "own" or config.method == "ngram":
-            batch = [focus]
-        else:
+        hist: list[ReplaySample] = []
+        if config.source == "siblings" and config.method == "suffix":
             others = n - 1 if config.siblings is None else min(config.siblings, n - 1)
             batch = [ordered[(i + j) % n] for j in range(others + 1)]
-        hist = list(history)[: config.history] if config.source == "history" else []
+        else:
+            batch = [focus]
+        if config.source == "history" and config.method == "suffix":
+            pool = list(history) or [s for s in ordered if s is not focus]
+            hist = pool[: config.history]
         out.append(_run_engine(batch, hist, config)[0])
     return out
 

@@ -32,15 +32,18 @@ from ._replay import SampleReplay
 
 __all__ = [
     "ACCEPTANCE_PRESETS",
+    "HEDDLE_SPECULATION",
     "METHODS",
     "AcceptanceModel",
     "ColocationPlan",
     "SpeculationConfig",
+    "acceptance_model",
     "choose_k",
     "fit_acceptance",
     "geometric_tokens_per_step",
     "k_by_batch_size",
     "plan_group_colocation",
+    "sensitivity_model",
 ]
 
 METHODS = ("off", "ngram", "suffix")
@@ -78,6 +81,10 @@ class SpeculationConfig:
         return f"{self.method}-k{k}"
 
 
+# Heddle's own: vLLM's suffix method, K by batch size, groups co-located where it pays.
+HEDDLE_SPECULATION = SpeculationConfig("suffix", None)
+
+
 def geometric_tokens_per_step(alpha: float, k: int) -> float:
     """Tokens per step when each draft token is accepted with probability ``alpha``
     given the previous one was: ``1 + alpha + ... + alpha^k``."""
@@ -95,10 +102,12 @@ class AcceptanceModel:
     ``table[(method, source)][k]`` gives tokens per step in each position bucket
     (``position_edges``: bucket ``i`` holds positions ``< edges[i]``, the last
     everything after). Sources: ``own`` (the request's text, or n-gram),
-    ``siblings`` (its whole GRPO group in the engine's tree), ``history``
-    (siblings plus ``history_samples`` earlier samples of the task). Fewer
-    siblings interpolate by ``sibling_curve[n]``: the share of the siblings' gain
-    that ``n`` co-located siblings give (measured by replay; log-shaped).
+    ``siblings`` (its whole GRPO group of ``group_size`` in the engine's tree),
+    ``history`` (``history_samples`` finished earlier samples of the task, no
+    siblings). Fewer siblings interpolate by ``sibling_curve[n]``: the share of the
+    siblings' gain that ``n`` co-located siblings give (measured by replay;
+    log-shaped when unmeasured); fewer history samples linearly; more of either
+    than measured gets no extra credit, and both together the better of the two.
     """
 
     name: str
@@ -160,11 +169,14 @@ class AcceptanceModel:
         if method == "ngram":
             return self._at("ngram", "own", k, position)
         own = self._at("suffix", "own", k, position)
-        full = self._at("suffix", "siblings", k, position)
-        hist = self._at("suffix", "history", k, position)
-        tau = own + (full - own) * self.sibling_share(siblings)
+        tau = own
+        if siblings > 0:
+            full = self._at("suffix", "siblings", k, position)
+            tau = own + (full - own) * self.sibling_share(siblings)
         if history > 0:
-            tau += (hist - full) * min(1.0, history / self.history_samples)
+            # Measured without siblings; both together are credited the better of the two.
+            hist = self._at("suffix", "history", k, position)
+            tau = max(tau, own + (hist - own) * min(1.0, history / self.history_samples))
         return max(1.0, tau)
 
 
@@ -221,6 +233,44 @@ ACCEPTANCE_PRESETS: dict[str, AcceptanceModel] = {
         },
     ),
 }
+
+
+def sensitivity_model(tokens_per_step: float) -> AcceptanceModel:
+    """A what-if model for the sensitivity table: ``tokens_per_step`` at K=4 for a
+    request with its siblings (and history) in its engine's tree, half the gain on its
+    own text or n-gram drafts; geometric in K."""
+    if not 1.0 <= tokens_per_step <= 4.9:
+        raise ConfigError(f"tokens per step {tokens_per_step} must be between 1.0 and 4.9")
+    own = 1.0 + (tokens_per_step - 1.0) / 2.0
+    full = _alpha_for(tokens_per_step, 4)
+    half = _alpha_for(own, 4)
+    return _geometric_model(
+        f"tau:{tokens_per_step:g}",
+        f"what-if: {tokens_per_step:g} tokens per step with siblings at K=4, {own:g} without",
+        {
+            ("ngram", "own"): half,
+            ("suffix", "own"): half,
+            ("suffix", "siblings"): full,
+            ("suffix", "history"): full,
+        },
+    )
+
+
+def acceptance_model(name: str) -> AcceptanceModel:
+    """A preset by name, or ``tau:X`` (:func:`sensitivity_model`)."""
+    model = ACCEPTANCE_PRESETS.get(name)
+    if model is not None:
+        return model
+    prefix, _, value = name.partition(":")
+    try:
+        if prefix == "tau":
+            return sensitivity_model(float(value))
+    except ValueError:
+        pass
+    raise ConfigError(
+        f"acceptance {name!r}: use one of {', '.join(ACCEPTANCE_PRESETS)}, or tau:X for X "
+        "tokens per step with siblings (1.0 to 4.9), e.g. tau:2.0"
+    )
 
 
 def fit_acceptance(

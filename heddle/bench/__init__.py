@@ -5,6 +5,7 @@ workers: the session, fidelity of the simulator, the gateway, memory, weights,
 the worker API, placement and the predictor.
 """
 
+from ._acceptance import format_acceptance, run_acceptance
 from ._fidelity import (
     bench_fidelity,
     fidelity_cluster,
@@ -77,11 +78,13 @@ __all__ = [
     "bench_worker",
     "chunked",
     "fidelity_cluster",
+    "format_acceptance",
     "format_fidelity",
     "model_spec_of",
     "outside_engine_per_step",
     "pairs_agree",
     "plot_engines",
+    "run_acceptance",
     "run_fidelity",
     "run_rollout_bench",
     "run_session_bench",

@@ -19,13 +19,14 @@ from typing import Any, TextIO
 from heddle.exceptions import ConfigError
 from heddle.rollout import load_bench_workload, load_cluster
 from heddle.scheduler import (
-    ACCEPTANCE_PRESETS,
     BASELINES,
+    HEDDLE_SPECULATION,
     AcceptanceModel,
     ClusterSpec,
     PoolShape,
     SpeculationConfig,
     TrajectoryScript,
+    acceptance_model,
     get_policy,
 )
 from heddle.scheduler.sim import SimConfig, SimResult, SimSpeculation, Simulator, lower_bound
@@ -54,8 +55,6 @@ SPECULATION_SWEEP: tuple[SpeculationConfig, ...] = (
     SpeculationConfig("suffix", 4),
     SpeculationConfig("suffix", 8),
 )
-# Heddle's own: vLLM's suffix method, K by batch size, groups co-located where it pays.
-HEDDLE_SPECULATION = SpeculationConfig("suffix", None)
 
 
 def parse_speculation(text: str) -> tuple[SpeculationConfig, ...]:
@@ -107,12 +106,10 @@ class Progress:
 
 
 def _acceptance(name: str) -> AcceptanceModel:
-    model = ACCEPTANCE_PRESETS.get(name)
-    if model is None:
-        raise ConfigError(
-            f"--acceptance {name!r} is not a preset; use one of {', '.join(ACCEPTANCE_PRESETS)}"
-        )
-    return model
+    try:
+        return acceptance_model(name)
+    except ConfigError as exc:
+        raise ConfigError(f"--{exc}") from None
 
 
 def _sim_speculation(run: Run, model: AcceptanceModel) -> SimSpeculation | None:

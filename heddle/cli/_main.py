@@ -25,6 +25,7 @@ __all__ = ["main"]
 
 BENCH_TARGETS = (
     "rollout",
+    "acceptance",
     "placement",
     "shape",
     "predictor",
@@ -200,6 +201,19 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
         _print_shape(result)
+    elif args.target == "acceptance":
+        from heddle.bench import format_acceptance, run_acceptance
+
+        traces = [Path(p) for p in args.workloads.split(",") if p.endswith((".jsonl", ".gz"))]
+        if not traces:
+            from heddle.exceptions import ConfigError
+
+            raise ConfigError(
+                "bench acceptance needs --workloads TRACE.jsonl[.gz],...: token traces to replay "
+                "(examples/spec-trace/t10.trace.jsonl.gz)"
+            )
+        result = run_acceptance(traces)
+        print(format_acceptance(result))
     elif args.target == "worker":
         from heddle.bench import bench_worker
         from heddle.exceptions import ConfigError
@@ -501,9 +515,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument(
         "--acceptance",
         default="default",
-        choices=("default", "pessimistic"),
-        help="rollout: tokens per decode step the drafts give (default: calibrated to "
-        "published RL figures; pessimistic: SmolLM2-135M at T=1.0); docs/speculation.md",
+        help="rollout: tokens per decode step the drafts give: default (calibrated to "
+        "published RL figures), pessimistic (SmolLM2-135M at T=1.0), or tau:X (X tokens per "
+        "step with siblings at K=4, the sensitivity table's what-if); docs/speculation.md",
     )
     p_bench.add_argument("--quiet", action="store_true", help="no progress bar")
     p_bench.add_argument(

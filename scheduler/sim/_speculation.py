@@ -158,5 +158,7 @@ def colocation_placement(
     )
     if not plan.colocate:
         return None, verdict
-    names = [e.name for e in engines]
-    return GroupStickyPlacement({g: names[i] for g, i in plan.assignment.items()}), verdict
+    # The decision is the plan's; where each group goes is decided when its first
+    # trajectory starts (the least loaded engine then), which follows the real load
+    # rather than the predicted one.
+    return GroupStickyPlacement(), verdict
