@@ -10,7 +10,10 @@ Everything the operator, the worker and the simulator decide about *when*,
 * :func:`decide_replan` – the re-plan step the live session and the simulator share,
 * :class:`AnnealingShapePlanner` – the TP mix of a pool under its GPU budget,
 * the baselines (``verl``, ``verl-star``, ``slime``, ``fcfs``) behind the same interfaces,
-* :class:`PerfModel` – the explicit engine performance model all of them share.
+* :class:`PerfModel` – the explicit engine performance model all of them share,
+* speculative decoding: drafters replayed exactly (:func:`ngram_draft`, :class:`SuffixIndex`,
+  :func:`replay_group`), the acceptance model, K by batch size (:func:`k_by_batch_size`)
+  and group co-location (:func:`plan_group_colocation`).
 
 This package imports only the standard library, numpy and :mod:`heddle.exceptions`
 (checked by tests/quality).
@@ -18,6 +21,15 @@ This package imports only the standard library, numpy and :mod:`heddle.exception
 
 from ._cluster import ClusterSpec
 from ._dp import Items, aggregate, group_cost, solve_contiguous
+from ._drafting import (
+    SUFFIX_DEFAULTS,
+    Draft,
+    SuffixDrafter,
+    SuffixIndex,
+    SuffixParams,
+    accepted_prefix,
+    ngram_draft,
+)
 from ._evaluation import PredictorQuality, evaluate_predictor, history_of
 from ._limits import (
     ENGINE_BATCH_CAP,
@@ -85,8 +97,24 @@ from ._profiled import (
     load_profile,
 )
 from ._replan import DrainingEngine, ReplanDecision, ReplanState, decide_replan
+from ._replay import ReplayConfig, ReplaySample, SampleReplay, replay_group, tokens_per_step
 from ._reshape import EngineSnapshot, Merge, TailMergeConfig, TailMergePlanner
 from ._shape import AnnealingShapePlanner, FixedShape, ShapeConfig, ShapePlan, ShapePlanner
+from ._speculation import (
+    ACCEPTANCE_PRESETS,
+    HEDDLE_SPECULATION,
+    METHODS,
+    AcceptanceModel,
+    ColocationPlan,
+    SpeculationConfig,
+    acceptance_model,
+    choose_k,
+    fit_acceptance,
+    geometric_tokens_per_step,
+    k_by_batch_size,
+    plan_group_colocation,
+    sensitivity_model,
+)
 from ._stats import pearson, tail_recall
 from ._trace import (
     TRACE_FORMAT,
@@ -108,24 +136,31 @@ from ._types import (
 from ._workload import Distribution, ToolSpec, TrajectoryScript, WorkloadSpec, generate
 
 __all__ = [
+    "ACCEPTANCE_PRESETS",
     "BASELINES",
     "ENGINE_BATCH_CAP",
     "HARDWARE_PRESETS",
+    "HEDDLE_SPECULATION",
+    "METHODS",
     "MODEL_PRESETS",
     "POLICIES",
     "PROFILE_FORMAT",
     "SAMPLING_DEFAULTS",
     "SAMPLING_LIMITS",
     "SIMULATION_ONLY",
+    "SUFFIX_DEFAULTS",
     "TRACE_FORMAT",
     "TRACE_VERSION",
+    "AcceptanceModel",
     "AnnealingShapePlanner",
     "BenchWorkload",
     "ClusterSpec",
     "ClusterView",
+    "ColocationPlan",
     "DPPlacement",
     "DecodeFit",
     "Distribution",
+    "Draft",
     "DrainingEngine",
     "EngineInstance",
     "EngineProfile",
@@ -158,7 +193,10 @@ __all__ = [
     "ProgressivePriority",
     "ReplanDecision",
     "ReplanState",
+    "ReplayConfig",
+    "ReplaySample",
     "RoundRobinPlacement",
+    "SampleReplay",
     "SamplingDefaults",
     "SamplingLimits",
     "SchedulingPolicy",
@@ -166,8 +204,12 @@ __all__ = [
     "ShapePlan",
     "ShapePlanner",
     "SiblingPredictor",
+    "SpeculationConfig",
     "StepOverhead",
     "StickyPlacement",
+    "SuffixDrafter",
+    "SuffixIndex",
+    "SuffixParams",
     "TailMergeConfig",
     "TailMergePlanner",
     "ThresholdStickyPlacement",
@@ -177,31 +219,42 @@ __all__ = [
     "TrajectoryScript",
     "TrajectoryState",
     "WorkloadSpec",
+    "acceptance_model",
+    "accepted_prefix",
     "aggregate",
     "check_tp_sizes",
+    "choose_k",
     "decide_replan",
     "engine_priority",
     "evaluate_predictor",
+    "fit_acceptance",
     "fit_decode",
     "fit_prefill",
     "fits_nodes",
     "generate",
+    "geometric_tokens_per_step",
     "get_policy",
     "group_cost",
     "history_of",
+    "k_by_batch_size",
     "load_profile",
     "make_migration",
     "make_ordering",
     "make_placement",
     "make_predictor",
+    "ngram_draft",
     "node_sizes",
     "pearson",
     "pick_preemption",
+    "plan_group_colocation",
     "plan_placement",
+    "replay_group",
     "scripts_from_trace",
+    "sensitivity_model",
     "solve_contiguous",
     "solve_lengths",
     "synthetic_bench",
     "tail_recall",
+    "tokens_per_step",
     "trace_bench",
 ]

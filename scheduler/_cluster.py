@@ -6,11 +6,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from heddle.exceptions import WorkloadError
+from heddle.exceptions import ConfigError, WorkloadError
 
 from ._limits import ENGINE_BATCH_CAP
 from ._perf import HARDWARE_PRESETS, MODEL_PRESETS, PerfModel
 from ._profiled import EngineProfile, ProfiledPerfModel, load_profile
+from ._speculation import SpeculationConfig
 from ._types import PoolShape, check_tp_sizes
 from ._workload import _number, _take
 
@@ -31,6 +32,8 @@ class ClusterSpec:
     batch_cap: int = ENGINE_BATCH_CAP
     # A measured engine (``heddle bench profile``) instead of the model and hardware presets.
     profile: EngineProfile | None = None
+    # The baselines' stock vLLM speculation (``speculation:`` in the YAML); None: off.
+    speculation: SpeculationConfig | None = None
 
     def __post_init__(self) -> None:
         if self.profile is not None:
@@ -69,7 +72,7 @@ class ClusterSpec:
     ) -> ClusterSpec:
         """``profile`` names a shipped profile or a JSON file (relative to ``base_dir``)."""
         optional = {"gpus_per_node", "hardware", "tensor_parallel_sizes", "baseline_tp"}
-        optional |= {"batch_cap", "profile", "model"}
+        optional |= {"batch_cap", "profile", "model", "speculation"}
         d = _take(data, source, {"name", "gpus"}, optional)
         profile = None
         if "profile" in d:
@@ -103,6 +106,7 @@ class ClusterSpec:
                 _number(d.get("batch_cap", 100), f"{source}.batch_cap", minimum=1, integer=True)
             ),
             profile=profile,
+            speculation=_speculation(d.get("speculation"), f"{source}.speculation"),
         )
 
     def perf_model(self) -> PerfModel:
@@ -113,3 +117,16 @@ class ClusterSpec:
     def baseline_shape(self) -> PoolShape:
         """The homogeneous shape every baseline runs on."""
         return PoolShape.of({self.baseline_tp: self.gpus // self.baseline_tp})
+
+
+def _speculation(data: Any, where: str) -> SpeculationConfig | None:
+    """``{method: off|ngram|suffix, num_speculative_tokens: K}`` (K defaults to 4)."""
+    if data is None:
+        return None
+    d = _take(data, where, {"method"}, {"num_speculative_tokens"})
+    k = d.get("num_speculative_tokens", 4)
+    k = int(_number(k, f"{where}.num_speculative_tokens", minimum=1, integer=True))
+    try:
+        return SpeculationConfig(str(d["method"]), k)
+    except ConfigError as exc:
+        raise WorkloadError(f"{where}: {exc}") from None

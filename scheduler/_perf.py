@@ -74,6 +74,11 @@ class HardwareSpec:
     step_overhead_ms: float = 4.0  # scheduler, sampling and Python per engine step
     gpu_memory_utilization: float = 0.9
     activation_reserve_gb: float = 3.0  # per GPU, kept out of the KV cache
+    # Share of a verification step's extra compute (the draft tokens') that is not hidden
+    # under a memory-bound step's reads. Fitted on vLLM-shaped Qwen3-8B layer stacks on
+    # an H200 (docs/performance-model.md, "Speculative decoding"): t(k)/t(0) within 6.5%
+    # on average over batch 1-256, contexts 1K and 8K, k 1-8; 0 would make drafts free.
+    draft_compute_exposed: float = 0.5
 
 
 # Qwen3 shapes from the models' config.json (layers, hidden, KV heads, head dim).
@@ -156,37 +161,68 @@ class PerfModel:
         )
 
     # -- decode -------------------------------------------------------------
-    def _roofline_terms(self, batch: int, tp: int) -> tuple[float, float, float, float]:
-        """(mem_base, mem_per_ctx_token, compute_base, compute_per_ctx_token) in seconds."""
+    def _roofline_terms(
+        self, batch: int, tp: int, draft_tokens: int = 0
+    ) -> tuple[float, float, float, float]:
+        """(mem_base, mem_per_ctx_token, compute_base, compute_per_ctx_token) in seconds.
+
+        A speculative step verifying ``draft_tokens`` drafts per sequence reads the
+        weights and the KV once but computes ``batch * (draft_tokens + 1)`` query
+        tokens, each attending over its sequence's context.
+        """
         hw, m = self.hardware, self.model
         bw = tp * hw.hbm_bandwidth_gbps * 1e9 * hw.bandwidth_efficiency
         flops = tp * hw.bf16_tflops * 1e12 * hw.compute_efficiency
+        queries = draft_tokens + 1
+        compute_base = 2.0 * m.params_billion * 1e9 * batch / flops
+        compute_ctx = 4.0 * m.num_layers * m.hidden_size / flops
+        # The drafts' compute shows partly even where the reads dominate:
+        # max(mem + exposed * extra compute, compute), still linear in context.
+        exposed = hw.draft_compute_exposed * draft_tokens
         return (
-            m.weight_bytes / bw,
-            m.kv_bytes_per_token / bw,
-            2.0 * m.params_billion * 1e9 * batch / flops,
-            4.0 * m.num_layers * m.hidden_size / flops,
+            m.weight_bytes / bw + exposed * compute_base,
+            m.kv_bytes_per_token / bw + exposed * compute_ctx,
+            compute_base * queries,
+            compute_ctx * queries,
         )
 
-    def _fixed_time(self, batch: int, tp: int) -> float:
+    def _fixed_time(self, batch: int, tp: int, draft_tokens: int = 0) -> float:
         """All-reduce (two per layer for TP > 1) plus the per-step overhead."""
         hw, m = self.hardware, self.model
         t = hw.step_overhead_ms * 1e-3
         if tp > 1:
-            ring_bytes = 2.0 * (tp - 1) / tp * batch * m.hidden_size * 2
+            tokens = batch * (draft_tokens + 1)
+            ring_bytes = 2.0 * (tp - 1) / tp * tokens * m.hidden_size * 2
             per_op = hw.all_reduce_latency_us * 1e-6 + ring_bytes / (hw.interconnect_gbps * 1e9)
             t += 2 * m.num_layers * per_op
         return t
 
-    def iteration_time(self, batch: int, context_tokens: float, tp: int) -> float:
-        """Seconds for one decode iteration of ``batch`` requests holding ``context_tokens``."""
+    def iteration_time(
+        self, batch: int, context_tokens: float, tp: int, draft_tokens: int = 0
+    ) -> float:
+        """Seconds for one decode iteration of ``batch`` requests holding ``context_tokens``.
+
+        With ``draft_tokens`` > 0 it is a verification step of that many drafts per
+        sequence (docs/performance-model.md, "Speculative decoding").
+        """
         if batch <= 0:
             return 0.0
-        mb, mc, cb, cc = self._roofline_terms(batch, tp)
-        return max(mb + mc * context_tokens, cb + cc * context_tokens) + self._fixed_time(batch, tp)
+        mb, mc, cb, cc = self._roofline_terms(batch, tp, draft_tokens)
+        return max(mb + mc * context_tokens, cb + cc * context_tokens) + self._fixed_time(
+            batch, tp, draft_tokens
+        )
 
-    def segment_time(self, batch: int, context_tokens: float, tp: int, iterations: int) -> float:
-        """Seconds for ``iterations`` decode steps, context growing by ``batch`` per step.
+    def segment_time(
+        self,
+        batch: int,
+        context_tokens: float,
+        tp: int,
+        iterations: int,
+        draft_tokens: int = 0,
+        tokens_per_step: float = 1.0,
+    ) -> float:
+        """Seconds for ``iterations`` decode steps, context growing by ``batch *
+        tokens_per_step`` per step (1 without speculation).
 
         Exact sum of :meth:`iteration_time` over the steps (both roofline
         terms are linear in context, so each side of their crossing is an
@@ -194,30 +230,44 @@ class PerfModel:
         """
         if iterations <= 0 or batch <= 0:
             return 0.0
-        mb, mc, cb, cc = self._roofline_terms(batch, tp)
+        mb, mc, cb, cc = self._roofline_terms(batch, tp, draft_tokens)
+        growth = batch * tokens_per_step
         # max(mem, compute) of two lines in the step index: one side wins before
         # their crossing, the other after it; each side sums as an arithmetic series.
         diff0 = (mb - cb) + (mc - cc) * context_tokens
-        dslope = (mc - cc) * batch
+        dslope = (mc - cc) * growth
         split = 0
         if dslope != 0.0:
             split = min(iterations, max(0, math.ceil(-diff0 / dslope)))
         return (
-            _series_of_max(mb, mc, cb, cc, context_tokens, batch, 0, split)
-            + _series_of_max(mb, mc, cb, cc, context_tokens, batch, split, iterations - split)
-            + iterations * self._fixed_time(batch, tp)
+            _series_of_max(mb, mc, cb, cc, context_tokens, growth, 0, split)
+            + _series_of_max(mb, mc, cb, cc, context_tokens, growth, split, iterations - split)
+            + iterations * self._fixed_time(batch, tp, draft_tokens)
         )
 
-    def iterations_within(self, batch: int, context_tokens: float, tp: int, seconds: float) -> int:
+    def iterations_within(
+        self,
+        batch: int,
+        context_tokens: float,
+        tp: int,
+        seconds: float,
+        draft_tokens: int = 0,
+        tokens_per_step: float = 1.0,
+    ) -> int:
         """Whole decode iterations that complete within ``seconds`` (inverse of segment_time)."""
         if seconds <= 0 or batch <= 0:
             return 0
+
+        def fits(n: int) -> bool:
+            spent = self.segment_time(batch, context_tokens, tp, n, draft_tokens, tokens_per_step)
+            return spent <= seconds
+
         lo, hi = 0, 1
-        while self.segment_time(batch, context_tokens, tp, hi) <= seconds:
+        while fits(hi):
             lo, hi = hi, hi * 2
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if self.segment_time(batch, context_tokens, tp, mid) <= seconds:
+            if fits(mid):
                 lo = mid
             else:
                 hi = mid
@@ -259,7 +309,7 @@ class PerfModel:
 
 
 def _series_of_max(
-    mb: float, mc: float, cb: float, cc: float, ctx: float, batch: int, first: int, count: int
+    mb: float, mc: float, cb: float, cc: float, ctx: float, batch: float, first: int, count: int
 ) -> float:
     """``sum_{i=first}^{first+count-1} max(mb + mc*c_i, cb + cc*c_i)``, ``c_i = ctx + i*batch``.
 

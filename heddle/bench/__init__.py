@@ -5,6 +5,7 @@ workers: the session, fidelity of the simulator, the gateway, memory, weights,
 the worker API, placement and the predictor.
 """
 
+from ._acceptance import format_acceptance, run_acceptance
 from ._fidelity import (
     bench_fidelity,
     fidelity_cluster,
@@ -79,6 +80,7 @@ __all__ = [
     "bench_worker",
     "chunked",
     "fidelity_cluster",
+    "format_acceptance",
     "format_fidelity",
     "format_table",
     "model_spec_of",
@@ -86,6 +88,7 @@ __all__ = [
     "pairs_agree",
     "plot",
     "plot_engines",
+    "run_acceptance",
     "run_fidelity",
     "run_rollout_bench",
     "run_session_bench",

@@ -20,18 +20,62 @@ from heddle.exceptions import ConfigError
 from heddle.rollout import load_bench_workload, load_cluster
 from heddle.scheduler import (
     BASELINES,
+    HEDDLE_SPECULATION,
+    AcceptanceModel,
     ClusterSpec,
     PoolShape,
+    SpeculationConfig,
     TrajectoryScript,
+    acceptance_model,
     get_policy,
 )
-from heddle.scheduler.sim import SimConfig, SimResult, Simulator, lower_bound
+from heddle.scheduler.sim import SimConfig, SimResult, SimSpeculation, Simulator, lower_bound
 
-__all__ = ["ABLATION", "DEFAULT_CAPS", "Progress", "Run", "baseline_runs", "run_rollout_bench"]
+__all__ = [
+    "ABLATION",
+    "DEFAULT_CAPS",
+    "HEDDLE_SPECULATION",
+    "SPECULATION_SWEEP",
+    "Progress",
+    "Run",
+    "baseline_runs",
+    "parse_speculation",
+    "run_rollout_bench",
+]
 
 ABLATION = ("heddle-order", "heddle-place", "heddle-migrate", "heddle", "heddle-dynamic")
 # In-flight caps per engine the baselines are tried with (None: every trajectory at once).
 DEFAULT_CAPS: tuple[int | None, ...] = (None, 64, 128)
+OFF = SpeculationConfig("off", None)
+# Stock vLLM speculation the baselines are swept with by ``--speculation sweep``.
+SPECULATION_SWEEP: tuple[SpeculationConfig, ...] = (
+    OFF,
+    SpeculationConfig("ngram", 4),
+    SpeculationConfig("suffix", 2),
+    SpeculationConfig("suffix", 4),
+    SpeculationConfig("suffix", 8),
+)
+
+
+def parse_speculation(text: str) -> tuple[SpeculationConfig, ...]:
+    """``off,ngram:4,suffix:2`` (or ``sweep``): the baselines' speculation axis."""
+    if text.strip() == "sweep":
+        return SPECULATION_SWEEP
+    out: list[SpeculationConfig] = []
+    for word in (w.strip() for w in text.split(",") if w.strip()):
+        method, _, k = word.partition(":")
+        if method == "off" and not k:
+            out.append(OFF)
+            continue
+        if method not in ("ngram", "suffix") or not k.isdigit():
+            raise ConfigError(
+                f"--speculation {text!r}: write off, sweep, or METHOD:K items with METHOD "
+                "ngram or suffix, e.g. off,ngram:4,suffix:4"
+            )
+        out.append(SpeculationConfig(method, int(k)))
+    if not out:
+        raise ConfigError(f"--speculation {text!r}: name at least one setting, e.g. off")
+    return tuple(out)
 
 
 class Progress:
@@ -61,6 +105,20 @@ class Progress:
             self.stream.flush()
 
 
+def _acceptance(name: str) -> AcceptanceModel:
+    try:
+        return acceptance_model(name)
+    except ConfigError as exc:
+        raise ConfigError(f"--{exc}") from None
+
+
+def _sim_speculation(run: Run, model: AcceptanceModel) -> SimSpeculation | None:
+    if not run.speculation.enabled:
+        return None
+    # Heddle's placement may keep GRPO groups on one engine; the baselines route as they do.
+    return SimSpeculation(run.speculation, model, colocate_groups=run.policy.startswith("heddle"))
+
+
 def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator > 0 else math.nan
 
@@ -72,12 +130,14 @@ class Run:
     policy: str
     shape: PoolShape | None = None  # None: the policy's own (planned, or the cluster's baseline)
     cap: int | None = None  # trajectories in flight per engine (SimConfig)
+    speculation: SpeculationConfig = OFF
 
     @property
     def key(self) -> str:
+        spec = f" {self.speculation.label()}" if self.speculation.enabled else ""
         if self.shape is None:
-            return self.policy
-        return f"{self.policy} {self.shape}" + (f" cap{self.cap}" if self.cap else "")
+            return self.policy + spec
+        return f"{self.policy} {self.shape}" + (f" cap{self.cap}" if self.cap else "") + spec
 
 
 def baseline_runs(
@@ -85,6 +145,7 @@ def baseline_runs(
     cluster: ClusterSpec,
     scripts: Sequence[TrajectoryScript],
     caps: Sequence[int | None],
+    speculation: Sequence[SpeculationConfig] = (OFF,),
 ) -> list[Run]:
     """Every baseline at every homogeneous TP the pool allows and the workload fits, per cap."""
     perf = cluster.perf_model()
@@ -100,10 +161,11 @@ def baseline_runs(
             f"context ({longest} tokens) on {cluster.model}"
         )
     return [
-        Run(name, PoolShape.of({tp: cluster.gpus // tp}), cap)
+        Run(name, PoolShape.of({tp: cluster.gpus // tp}), cap, spec)
         for name in baselines
         for tp in tps
         for cap in caps
+        for spec in speculation
     ]
 
 
@@ -118,9 +180,15 @@ def run_rollout_bench(
     caps: Sequence[int | None] = DEFAULT_CAPS,
     out: Path | None = None,
     progress: bool = True,
+    speculation: Sequence[SpeculationConfig] | None = None,
+    acceptance: str = "default",
 ) -> dict[str, Any]:
     """Simulate ``workload`` on ``cluster``: Heddle's policies as they plan themselves, every
-    baseline at every homogeneous TP degree and in-flight cap; return the report."""
+    baseline at every homogeneous TP degree, in-flight cap and speculation setting
+    (``speculation``; default: the cluster's ``speculation``, else off); return the report.
+
+    Where any baseline speculates, Heddle does too (:data:`HEDDLE_SPECULATION`), all with
+    the ``acceptance`` preset's tokens per step."""
     for name in policies:
         get_policy(name)  # fail fast, listing the valid names
     bench = load_bench_workload(workload, seed, prompts)
@@ -129,9 +197,14 @@ def run_rollout_bench(
         cluster_spec = replace(cluster_spec, gpus=gpus)
     scripts = bench.scripts
     bound = lower_bound(scripts, cluster_spec)
+    if speculation is None:
+        speculation = (cluster_spec.speculation or OFF,)
+    model = _acceptance(acceptance)
+    speculating = any(s.enabled for s in speculation)
+    heddle_spec = HEDDLE_SPECULATION if speculating else OFF
     baselines = [n for n in policies if n in BASELINES]
-    runs = [Run(n) for n in policies if n not in BASELINES]
-    runs += baseline_runs(baselines, cluster_spec, scripts, caps)
+    runs = [Run(n, speculation=heddle_spec) for n in policies if n not in BASELINES]
+    runs += baseline_runs(baselines, cluster_spec, scripts, caps, speculation)
     results: dict[str, SimResult] = {}
     walls: dict[str, float] = {}
     for run in runs:
@@ -143,7 +216,10 @@ def run_rollout_bench(
             tool_means_s=bench.tool_means_s,
             history=bench.history,
             shape=run.shape,
-            config=SimConfig(max_trajectories_per_engine=run.cap),
+            config=SimConfig(
+                max_trajectories_per_engine=run.cap,
+                speculation=_sim_speculation(run, model),
+            ),
         )
         results[run.key] = sim.run(Progress(run.key) if progress else None)
         walls[run.key] = time.perf_counter() - started
@@ -154,6 +230,7 @@ def run_rollout_bench(
         "model": cluster_spec.model,
         "trajectories": len(scripts),
         "seed": seed,
+        "acceptance": {"preset": model.name, "source": model.source_note},
         "lower_bound": {
             "makespan_s": bound.bound_s,
             "serial_s": bound.serial_s,
@@ -164,6 +241,12 @@ def run_rollout_bench(
                 "policy": run.policy,
                 "tp": None if run.shape is None else run.shape.tps()[0],
                 "cap": run.cap,
+                "speculation": run.speculation.method,
+                "num_speculative_tokens": (
+                    None
+                    if not run.speculation.enabled
+                    else run.speculation.num_speculative_tokens or "auto"
+                ),
             }
             for run in runs
         },
@@ -184,7 +267,18 @@ def _summary(
 ) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     baseline_runs_ = [r for r in runs if r.policy in BASELINES]
-    heddle = results.get("heddle")
+    heddle_run = next((r for r in runs if r.policy == "heddle"), None)
+    heddle = None if heddle_run is None else results.get(heddle_run.key)
+    plain = [r for r in baseline_runs_ if not r.speculation.enabled]
+    if plain and len(plain) < len(baseline_runs_):
+        best_plain = max(plain, key=lambda r: results[r.key].tokens_per_s)
+        summary["best_tuned_baseline_without_speculation"] = report["runs"][best_plain.key] | {
+            "key": best_plain.key
+        }
+        if heddle is not None:
+            summary["heddle_over_best_without_speculation"] = _ratio(
+                heddle.tokens_per_s, results[best_plain.key].tokens_per_s
+            )
     if baseline_runs_:
         best = max(baseline_runs_, key=lambda r: results[r.key].tokens_per_s)
         summary["best_tuned_baseline"] = report["runs"][best.key] | {"key": best.key}
@@ -192,7 +286,10 @@ def _summary(
         paper = [
             r
             for r in baseline_runs_
-            if r.cap is None and r.shape is not None and r.shape.tps()[0] == cluster.baseline_tp
+            if r.cap is None
+            and r.shape is not None
+            and r.shape.tps()[0] == cluster.baseline_tp
+            and not r.speculation.enabled
         ]
         if paper:
             best_paper = max(paper, key=lambda r: results[r.key].tokens_per_s)
@@ -242,6 +339,12 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(
             f"heddle / best-tuned baseline: {summary['heddle_over_best_tuned_baseline']:.2f}x "
             "tokens/s"
+        )
+    if "heddle_over_best_without_speculation" in summary:
+        lines.append(
+            f"heddle / best-tuned baseline without speculation "
+            f"({summary['best_tuned_baseline_without_speculation']['key']}): "
+            f"{summary['heddle_over_best_without_speculation']:.2f}x tokens/s"
         )
     if "heddle_over_paper_config_baseline" in summary:
         lines.append(

@@ -25,6 +25,7 @@ __all__ = ["main"]
 
 BENCH_TARGETS = (
     "rollout",
+    "acceptance",
     "placement",
     "shape",
     "predictor",
@@ -146,6 +147,10 @@ def _cmd_rollout(args: argparse.Namespace, out: Path) -> int:
         caps=_caps(args.baseline_caps),
         out=out,
         progress=not args.quiet,
+        speculation=(
+            None if args.speculation is None else _bench.parse_speculation(args.speculation)
+        ),
+        acceptance=args.acceptance,
     )
     print(_bench.format_table(report))
     path = _write_json(out, "results.json", report)
@@ -224,6 +229,19 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
         _print_shape(result)
+    elif args.target == "acceptance":
+        from heddle.bench import format_acceptance, run_acceptance
+
+        traces = [Path(p) for p in args.workloads.split(",") if p.endswith((".jsonl", ".gz"))]
+        if not traces:
+            from heddle.exceptions import ConfigError
+
+            raise ConfigError(
+                "bench acceptance needs --workloads TRACE.jsonl[.gz],...: token traces to replay "
+                "(examples/spec-trace/t10.trace.jsonl.gz)"
+            )
+        result = run_acceptance(traces)
+        print(format_acceptance(result))
     elif args.target == "worker":
         from heddle.bench import bench_worker
         from heddle.exceptions import ConfigError
@@ -531,6 +549,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="rollout: in-flight trajectories per engine to try each baseline with, e.g. "
         "none,64 (the default); the best of every policy x TP x cap is the best-tuned baseline",
+    )
+    p_bench.add_argument(
+        "--speculation",
+        default=None,
+        help="rollout: the baselines' stock vLLM speculation to try, e.g. off,ngram:4,suffix:4, "
+        "or sweep (off,ngram:4,suffix:2,suffix:4,suffix:8); default: the cluster's "
+        "speculation, else off. Where a baseline speculates, Heddle does (suffix, K by batch "
+        "size, GRPO groups co-located where it pays); docs/speculation.md",
+    )
+    p_bench.add_argument(
+        "--acceptance",
+        default="default",
+        help="rollout: tokens per decode step the drafts give: default (calibrated to "
+        "published RL figures), pessimistic (SmolLM2-135M at T=1.0), or tau:X (X tokens per "
+        "step with siblings at K=4, the sensitivity table's what-if); docs/speculation.md",
     )
     p_bench.add_argument("--quiet", action="store_true", help="no progress bar")
     p_bench.add_argument(

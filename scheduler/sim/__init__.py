@@ -21,9 +21,12 @@ from ._iterations import (
 from ._plan import SimulatedShapePlanner, workload_sketch
 from ._results import SimResult
 from ._simulator import PlannerCost, SimConfig, Simulator
+from ._speculation import EngineSpeculator, GroupStickyPlacement, SimSpeculation
 
 __all__ = [
     "ITERATION_POLICIES",
+    "EngineSpeculator",
+    "GroupStickyPlacement",
     "IterationPolicy",
     "IterationResult",
     "IterationSimulator",
@@ -32,6 +35,7 @@ __all__ = [
     "SimConfig",
     "SimEngine",
     "SimResult",
+    "SimSpeculation",
     "SimTrajectory",
     "SimulatedShapePlanner",
     "Simulator",

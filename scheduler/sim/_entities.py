@@ -10,6 +10,7 @@ cache fills, or at the next iteration boundary after an arrival that can join.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ class SimTrajectory:
     predicted_total_at_step: dict[int, float] = field(default_factory=dict)
     # While it runs on an engine: that engine's iteration clock when its counters were
     # last brought up to date, and the order it joined the batch in (see SimEngine).
-    credited_at: int = 0
+    credited_at: float = 0.0
     run_seq: int = 0
 
     @property
@@ -60,6 +61,8 @@ class Segment:
     context: int
     iterations: int
     end_s: float
+    draft_tokens: int = 0  # K verified per sequence per iteration (0: no speculation)
+    tokens_per_step: float = 1.0  # tokens each running request gains per iteration
 
 
 class _IdleCache:
@@ -133,10 +136,12 @@ class SimEngine:
         self.priority = priority
         self.running: dict[str, SimTrajectory] = {}
         self.running_context = 0  # tokens the running batch holds in KV
-        self.clock = 0  # iterations credited to this engine's batches so far
+        # Tokens each running request has been credited so far (iterations without
+        # speculation; with it, iterations times the batch's tokens per step).
+        self.clock = 0.0
         # (clock at which its step ends, run_seq, id) per running request; entries of
         # requests that left the batch early are skipped lazily (run_seq tells them apart).
-        self._ends: list[tuple[int, int, str]] = []
+        self._ends: list[tuple[float, int, str]] = []
         self._run_seq = 0
         self.waiting: dict[str, SimTrajectory] = {}
         # (priority, id) of waiting steps; a step's priority is fixed while it waits,
@@ -150,6 +155,11 @@ class SimEngine:
         self._arriving = 0  # steps routed here still on their way (a profiled step overhead)
         # Told whenever ``load`` changes (the simulator's live cluster view).
         self.on_load_change: Callable[[SimEngine], None] | None = None
+        # Speculative decoding: (drafts K, tokens per step) for the running batch at a
+        # segment's start (sim/_speculation.py); None runs plain decode.
+        self.speculation: Callable[[SimEngine], tuple[int, float]] | None = None
+        self.spec_steps = 0  # iterations that verified drafts
+        self.spec_tokens = 0.0  # tokens those iterations produced per sequence, summed
         self.busy_s = 0.0
         self.generated_tokens = 0
         self.preemptions = 0
@@ -194,29 +204,36 @@ class SimEngine:
         sim.credited_at = self.clock
         heapq.heappush(self._ends, (self.clock + sim.remaining_in_turn, sim.run_seq, sim.id))
 
-    def _credit(self, sim: SimTrajectory) -> None:
-        """Bring a running request's counters up to the engine's clock."""
-        n = self.clock - sim.credited_at
+    def _credit(self, sim: SimTrajectory) -> int:
+        """Bring a running request's counters up to the engine's clock.
+
+        Returns the tokens the batch-level count gave it beyond its step's end (a
+        speculative step can overshoot it; a request never generates past it).
+        """
+        raw = math.floor(self.clock + 1e-9) - math.floor(sim.credited_at + 1e-9)
+        sim.credited_at = self.clock
+        n = min(raw, max(sim.remaining_in_turn, 0))
         if n:
             sim.remaining_in_turn -= n
             traj = sim.traj
             traj.context_tokens += n
             traj.generated_tokens += n
-            sim.credited_at = self.clock
+        return raw - n
 
     def _stop(self, sim: SimTrajectory) -> None:
-        self._credit(sim)
+        over = self._credit(sim)
         del self.running[sim.id]
-        self.running_context -= sim.traj.context_tokens
+        self.running_context -= sim.traj.context_tokens + over
+        self.generated_tokens -= over
         self._load_changed()
 
-    def _fewest_left(self) -> int:
+    def _fewest_left(self) -> float:
         """Tokens left in the running step closest to its end (the batch is not empty)."""
         first = self._live_end()
         assert first is not None  # every running request has an entry
         return first[0] - self.clock
 
-    def _live_end(self) -> tuple[int, int, str] | None:
+    def _live_end(self) -> tuple[float, int, str] | None:
         """The running request whose step ends first (drops entries of ones that left)."""
         ends = self._ends
         while ends:
@@ -263,10 +280,15 @@ class SimEngine:
         done: list[SimTrajectory] = []
         n = seg.iterations
         if n:
-            self.clock += n
-            self.running_context += n * len(self.running)
-            self.generated_tokens += n * len(self.running)
-            while (entry := self._live_end()) is not None and entry[0] <= self.clock:
+            before = math.floor(self.clock + 1e-9)
+            self.clock += n * seg.tokens_per_step
+            gained = math.floor(self.clock + 1e-9) - before
+            self.running_context += gained * len(self.running)
+            self.generated_tokens += gained * len(self.running)
+            if seg.draft_tokens:
+                self.spec_steps += n * len(self.running)
+                self.spec_tokens += n * len(self.running) * seg.tokens_per_step
+            while (entry := self._live_end()) is not None and entry[0] <= self.clock + 1e-9:
                 heapq.heappop(self._ends)
                 done.append(self.running[entry[2]])
             # In the order they joined the batch: the order the running dict (an eager
@@ -285,7 +307,12 @@ class SimEngine:
         done = 0
         if decode_elapsed > 0:
             done = self.perf.iterations_within(
-                seg.batch, seg.context, self.instance.tp, decode_elapsed
+                seg.batch,
+                seg.context,
+                self.instance.tp,
+                decode_elapsed,
+                seg.draft_tokens,
+                seg.tokens_per_step,
             )
         iterations = min(seg.iterations, done + 1)
         if iterations >= seg.iterations:
@@ -294,7 +321,14 @@ class SimEngine:
         seg.end_s = (
             seg.start_s
             + seg.prefill_s
-            + self.perf.segment_time(seg.batch, seg.context, self.instance.tp, iterations)
+            + self.perf.segment_time(
+                seg.batch,
+                seg.context,
+                self.instance.tp,
+                iterations,
+                seg.draft_tokens,
+                seg.tokens_per_step,
+            )
         )
         self.version += 1
         return seg.end_s
@@ -350,14 +384,16 @@ class SimEngine:
             return None
         batch = len(self.running)
         context = self.running_context
-        iterations = self._fewest_left()
+        k, tau = (0, 1.0) if self.speculation is None else self.speculation(self)
+        left = self._fewest_left()
+        iterations = max(1, math.ceil(left / tau - 1e-9)) if tau != 1.0 else int(left)
         room = self.instance.kv_capacity_tokens - context - self.cache.total
-        if context + iterations * batch > self.instance.kv_capacity_tokens:
-            iterations = max(1, room // batch) if room > 0 else 1
+        if context + iterations * batch * tau > self.instance.kv_capacity_tokens:
+            iterations = max(1, int(room // (batch * tau))) if room > 0 else 1
         prefill_s = self.perf.prefill_time(prefill_tokens, self.instance.tp)
-        decode_s = self.perf.segment_time(batch, context, self.instance.tp, iterations)
+        decode_s = self.perf.segment_time(batch, context, self.instance.tp, iterations, k, tau)
         self.segment = Segment(
-            now, prefill_s, batch, context, iterations, now + prefill_s + decode_s
+            now, prefill_s, batch, context, iterations, now + prefill_s + decode_s, k, tau
         )
         self.version += 1
         return self.segment.end_s

@@ -41,6 +41,10 @@ class SimResult:
     predictor: dict[str, dict[str, float]] = field(default_factory=dict)
     utilisation: list[tuple[float, float]] = field(default_factory=list)  # (t, busy GPU share)
     completion_s: list[float] = field(default_factory=list)  # sorted finish times (CDF)
+    # Speculative decoding: the engines' method and K ("auto": chosen by batch size),
+    # output tokens per sequence per verifying step, the share of decode steps that
+    # verified drafts, and whether GRPO groups were co-located.
+    speculation: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -118,4 +122,24 @@ def summarise(sim: Simulator, events: int) -> SimResult:
         predictor=_predictor_quality(sim),
         utilisation=_utilisation(sim, makespan),
         completion_s=[float(x) for x in completion[::step]] + [makespan],
+        speculation=_speculation(sim),
     )
+
+
+def _speculation(sim: Simulator) -> dict[str, Any]:
+    spec = sim.config.speculation
+    if spec is None or not spec.config.enabled:
+        return {"method": "off", "num_speculative_tokens": None, "tokens_per_step": 1.0}
+    engines = list(sim.engines.values())
+    steps = sum(e.spec_steps for e in engines)
+    tokens = sum(e.spec_tokens for e in engines)
+    k = spec.config.num_speculative_tokens
+    k_segments = sim.speculator.k_steps if sim.speculator is not None else {}
+    return {
+        "method": spec.config.method,
+        "num_speculative_tokens": "auto" if k is None else k,
+        "tokens_per_step": tokens / steps if steps else 1.0,
+        "acceptance": spec.acceptance.name,
+        "k_segments": {str(key): n for key, n in sorted(k_segments.items())},
+        "colocation": sim.colocation,
+    }

@@ -31,6 +31,7 @@ from .._workload import TrajectoryScript
 from ._entities import SimEngine, SimTrajectory
 from ._plan import SimulatedShapePlanner
 from ._results import SimResult, summarise
+from ._speculation import EngineSpeculator, SimSpeculation, attach, colocation_placement
 from ._view import LiveClusterView
 
 __all__ = ["PlannerCost", "SimConfig", "Simulator"]
@@ -96,6 +97,8 @@ class SimConfig:
     planner_cost: PlannerCost | None = PlannerCost()
     # When and at what cost a policy with a dynamic shape merges engines for the tail.
     tail_merge: TailMergeConfig = field(default_factory=TailMergeConfig)
+    # Speculative decoding on every engine (sim/_speculation.py); None: plain decode.
+    speculation: SimSpeculation | None = None
 
     def __post_init__(self) -> None:
         if self.replan_interval_s <= 0:
@@ -195,6 +198,22 @@ class Simulator:
             inst = self.perf.instance(f"tp{tp}-{next(self._counter)}", tp)
             self._check_fits(inst)
             self.engines[inst.name] = SimEngine(inst, self.perf, self.ordering.priority)
+        self.speculator: EngineSpeculator | None = None
+        self.colocation: str = "off"  # the co-location decision, for the report
+        if self.config.speculation is not None and self.config.speculation.config.enabled:
+            self.speculator = EngineSpeculator(self.config.speculation, self.perf)
+            attach(self.engines.values(), self.speculator)
+            if self.config.speculation.colocate_groups:
+                for sim in self.sims.values():
+                    self._predict(sim)
+                placement, self.colocation = colocation_placement(
+                    [s.traj for s in self.sims.values()],
+                    list(self.engines.values()),
+                    self.config.speculation,
+                    self.perf,
+                )
+                if placement is not None:
+                    self.placement = placement
         # Engines being merged (no new steps; they empty) and those gone: out of the view.
         self._draining: set[str] = set()
         self._retired: set[str] = set()
@@ -332,6 +351,7 @@ class Simulator:
         assert merge is not None
         inst = self.perf.instance(f"tp{merge.tp}-{next(self._counter)}", merge.tp)
         self.engines[inst.name] = SimEngine(inst, self.perf, self.ordering.priority)
+        attach([self.engines[inst.name]], self.speculator)
         self._live_view = self._build_view()
         started, _, _ = self.merges[-1]
         self.merges[-1] = (started, now, merge)

@@ -1,0 +1,168 @@
+"""The paper-scale speculation runs of docs/speculation.md, in parallel processes.
+
+Each run is the ``Simulator`` call ``heddle bench`` makes for that row (same
+workload, seed 1, cluster, policy, shape, in-flight cap and speculation; see
+docs/speculation.md for the equivalent ``heddle bench`` commands). It reads the
+presets from specs.json (the YAML presets as JSON, so it also runs where only
+numpy is installed) and appends one JSON line per run to OUT/runs.jsonl.
+
+    python examples/spec-trace/paper_runs.py OUT [PROCESSES] [DEADLINE_S]
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+SPECS = json.loads((HERE / "specs.json").read_text())
+
+# (workload, cluster, prompts, gpus, baseline policy, cap) per workload: the best-tuned
+# configuration of the full sweep without speculation (docs/benchmarks.md).
+WORKLOADS = {
+    "coding": ("cluster-tp4", None, None, "verl", 128),
+    "search": ("cluster-tp4", None, None, "verl", None),
+    "math": ("cluster-tp4", None, None, "slime", None),
+    "flat": ("cluster-tp2", None, None, "verl", 128),
+}
+DEFAULT_AXIS = ("off", "suffix:4", "suffix:8", "ngram:4", "suffix:2")
+PESSIMISTIC_AXIS = ("suffix:4", "suffix:8", "ngram:4")
+SENSITIVITY = ("tau:1.0", "tau:1.5", "tau:2.0", "tau:2.5", "tau:3.0")
+
+
+def configs(scale: str = "both") -> list[dict[str, Any]]:
+    """Runs in the order they are worth having: 2,048 trajectories on 16 GPUs (the same
+    load per engine), default then pessimistic acceptance, the sensitivity table, then the
+    paper's 8,192 on 64."""
+    rows: list[dict[str, Any]] = []
+    sizes = {"small": [(128, 16)], "paper": [(None, None)], "both": [(128, 16), (None, None)]}
+    for prompts, gpus in sizes[scale]:
+        for acceptance, axis in (("default", DEFAULT_AXIS), ("pessimistic", PESSIMISTIC_AXIS)):
+            for w, (cluster, _, _, policy, cap) in WORKLOADS.items():
+                base = {"workload": w, "cluster": cluster, "prompts": prompts, "gpus": gpus}
+                rows.append(
+                    {**base, "policy": "heddle", "cap": None, "spec": "suffix:auto",
+                     "acceptance": acceptance}
+                )  # fmt: skip
+                rows += [
+                    {**base, "policy": policy, "cap": cap, "spec": s, "acceptance": acceptance}
+                    for s in axis
+                ]
+        if prompts is not None:
+            for tau in SENSITIVITY:
+                base = {"workload": "coding", "cluster": "cluster-tp4", "prompts": prompts,
+                        "gpus": gpus}  # fmt: skip
+                rows.append(
+                    {**base, "policy": "heddle", "cap": None, "spec": "suffix:auto",
+                     "acceptance": tau}
+                )  # fmt: skip
+                rows += [
+                    {**base, "policy": "verl", "cap": 128, "spec": s, "acceptance": tau}
+                    for s in ("suffix:4", "suffix:8")
+                ]
+    return rows
+
+
+def _importable() -> None:
+    """Where heddle is not installed: the pure scheduler package on its own (numpy only)."""
+    try:
+        import heddle.scheduler  # noqa: F401, PLC0415 - probing whether it is installed
+    except ImportError:
+        root = Path("/tmp/heddle-pure")
+        pkg = root / "heddle"
+        pkg.mkdir(parents=True, exist_ok=True)
+        (pkg / "__init__.py").write_text("")
+        repo = HERE.parents[1]
+        (pkg / "exceptions.py").write_text((repo / "heddle" / "exceptions.py").read_text())
+        if not (pkg / "scheduler").exists():
+            (pkg / "scheduler").symlink_to(repo / "scheduler")
+        sys.path.insert(0, str(root))
+
+
+def run(cfg: dict[str, Any]) -> dict[str, Any]:
+    _importable()
+    from heddle.scheduler import (  # noqa: PLC0415 - after the path is set up
+        HEDDLE_SPECULATION,
+        ClusterSpec,
+        PoolShape,
+        SpeculationConfig,
+        WorkloadSpec,
+        acceptance_model,
+        get_policy,
+        synthetic_bench,
+    )
+    from heddle.scheduler.sim import SimConfig, SimSpeculation, Simulator  # noqa: PLC0415
+
+    started = time.perf_counter()
+    spec = WorkloadSpec.from_dict(SPECS[cfg["workload"]], f"preset {cfg['workload']!r}")
+    if cfg["prompts"] is not None:
+        spec = replace(spec, prompts=cfg["prompts"])
+    bench = synthetic_bench(spec, 1)
+    cluster = ClusterSpec.from_dict(SPECS[cfg["cluster"]], cfg["cluster"])
+    if cfg["gpus"] is not None:
+        cluster = replace(cluster, gpus=cfg["gpus"])
+    method, _, k = cfg["spec"].partition(":")
+    if cfg["spec"] == "suffix:auto":
+        speculation = HEDDLE_SPECULATION
+    else:
+        speculation = SpeculationConfig(method, int(k) if k else None)
+    model = acceptance_model(cfg["acceptance"])
+    shape = None
+    if cfg["policy"] != "heddle":
+        tp = cluster.baseline_tp
+        shape = PoolShape.of({tp: cluster.gpus // tp})
+    sim_spec = None
+    if speculation.enabled:
+        colocate = cfg["policy"] == "heddle" and cfg.get("colocate", True)
+        sim_spec = SimSpeculation(speculation, model, colocate_groups=colocate)
+    sim = Simulator(
+        bench.scripts,
+        cluster,
+        get_policy(cfg["policy"]),
+        tool_means_s=bench.tool_means_s,
+        history=bench.history,
+        shape=shape,
+        config=SimConfig(max_trajectories_per_engine=cfg["cap"], speculation=sim_spec),
+    )
+    r = sim.run()
+    return {
+        **cfg,
+        "trajectories": len(bench.scripts),
+        "shape": r.shape,
+        "scheduling": r.scheduling,
+        "tokens_per_s": r.tokens_per_s,
+        "makespan_s": r.makespan_s,
+        "speculation": r.speculation,
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    procs = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+    deadline = float(sys.argv[3]) if len(sys.argv) > 3 else 1e9
+    scale = sys.argv[4] if len(sys.argv) > 4 else "both"
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with mp.Pool(procs) as pool, (out / "runs.jsonl").open("a") as f:
+        pending = [pool.apply_async(run, (c,)) for c in configs(scale)]
+        while pending and time.perf_counter() - t0 < deadline:
+            for job in [j for j in pending if j.ready()]:
+                pending.remove(job)
+                try:
+                    f.write(json.dumps(job.get()) + "\n")
+                except Exception as exc:
+                    f.write(json.dumps({"error": repr(exc)}) + "\n")
+                f.flush()
+            time.sleep(1)
+        print(f"{len(pending)} runs unfinished after {time.perf_counter() - t0:.0f}s")
+        pool.terminate()
+
+
+if __name__ == "__main__":
+    main()
