@@ -20,6 +20,7 @@ from ._gateway import (
     CALLS_PER_EPISODE,
     bench_gateway,
 )
+from ._iterations import ITERATION_CAPS, format_iterations, run_iteration_bench
 from ._memory import (
     bench_memory,
 )
@@ -48,6 +49,7 @@ from ._sim import (
     Run,
     baseline_runs,
     format_table,
+    parse_speculation,
     plot,
     run_rollout_bench,
 )
@@ -64,6 +66,7 @@ __all__ = [
     "DEFAULT_BATCHES",
     "DEFAULT_CAPS",
     "DEFAULT_CONTEXTS",
+    "ITERATION_CAPS",
     "Progress",
     "Run",
     "baseline_runs",
@@ -82,14 +85,17 @@ __all__ = [
     "fidelity_cluster",
     "format_acceptance",
     "format_fidelity",
+    "format_iterations",
     "format_table",
     "model_spec_of",
     "outside_engine_per_step",
     "pairs_agree",
+    "parse_speculation",
     "plot",
     "plot_engines",
     "run_acceptance",
     "run_fidelity",
+    "run_iteration_bench",
     "run_rollout_bench",
     "run_session_bench",
     "simulate",

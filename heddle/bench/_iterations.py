@@ -34,6 +34,7 @@ from heddle.scheduler.sim import (
 
 __all__ = [
     "ASYNC_BASELINES",
+    "ITERATION_CAPS",
     "SYNC_BASELINES",
     "IterationRun",
     "format_iterations",
@@ -45,7 +46,7 @@ __all__ = [
 SYNC_BASELINES = ("verl", "verl-star", "slime")
 ASYNC_BASELINES = ("verl-async", "areal", "slime-partial")
 # What each family is tuned over (the defaults of `heddle bench --iterations`).
-DEFAULT_CAPS: tuple[int | None, ...] = (None, 128)
+ITERATION_CAPS: tuple[int | None, ...] = (None, 128)
 DEFAULT_ROLLOUT_SHARES: tuple[float, ...] = (0.625, 0.75, 0.875)
 DEFAULT_OVER_SAMPLES: tuple[float, ...] = (0.25, 0.5, 1.0)
 
@@ -76,7 +77,7 @@ def iteration_runs(
     gpus: int,
     rollout_tp: int,
     *,
-    caps: Sequence[int | None] = DEFAULT_CAPS,
+    caps: Sequence[int | None] = ITERATION_CAPS,
     rollout_shares: Sequence[float] = DEFAULT_ROLLOUT_SHARES,
     over_samples: Sequence[float] = DEFAULT_OVER_SAMPLES,
 ) -> list[IterationRun]:
@@ -168,7 +169,7 @@ def run_iteration_bench(
     prompts: int | None = None,
     gpus: int | None = None,
     rollout_tp: int = 4,
-    caps: Sequence[int | None] = DEFAULT_CAPS,
+    caps: Sequence[int | None] = ITERATION_CAPS,
     rollout_shares: Sequence[float] = DEFAULT_ROLLOUT_SHARES,
     over_samples: Sequence[float] = DEFAULT_OVER_SAMPLES,
     trainer: TrainerModel | None = None,

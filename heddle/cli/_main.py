@@ -104,7 +104,7 @@ def _print_predictor(r: dict[str, Any]) -> None:
 
 
 def _cmd_iterations(args: argparse.Namespace, out: Path) -> int:
-    import heddle.bench._iterations as _iter
+    import heddle.bench as _iter
     from heddle.scheduler.sim import ITERATION_POLICIES
 
     policies = [p for p in (args.policies or ",".join(ITERATION_POLICIES)).split(",") if p]
@@ -118,7 +118,7 @@ def _cmd_iterations(args: argparse.Namespace, out: Path) -> int:
         prompts=args.prompts,
         gpus=args.gpus,
         rollout_tp=args.rollout_tp,
-        caps=_caps(args.baseline_caps) if args.baseline_caps else _iter.DEFAULT_CAPS,
+        caps=_caps(args.baseline_caps) if args.baseline_caps else _iter.ITERATION_CAPS,
         jobs=args.jobs,
         progress=not args.quiet,
     )
