@@ -14,6 +14,7 @@ one engine runs at a time.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import statistics
 from pathlib import Path
@@ -30,6 +31,15 @@ from .test_process import free_port
 from .test_vllm import start_worker, wait_ready
 
 pytestmark = pytest.mark.slow
+
+# The three-worker comparison is opt-in: on 2 CPU cores the batch of 96 T=1 samples under
+# suffix speculation did not finish within 5 minutes (2026-11-26, idle machine), so the
+# module ran past 15 minutes and cannot sit in CI's budget as written. The in-process fault
+# test below runs everywhere. Run the rest with HEDDLE_SPECULATION_ENGINES=1.
+engines = pytest.mark.skipif(
+    os.environ.get("HEDDLE_SPECULATION_ENGINES") != "1",
+    reason="three SmolLM2 workers: set HEDDLE_SPECULATION_ENGINES=1 (see docs/speculation.md)",
+)
 
 require_vllm()
 
@@ -141,6 +151,7 @@ def _mean_logprob(result: dict[str, Any]) -> float:
 
 
 @pytest.mark.parametrize("method", ["ngram", "suffix"])
+@engines
 def test_greedy_tokens_are_the_same_with_speculation_on_and_off(
     method: str, off: dict[str, Any], request: pytest.FixtureRequest
 ) -> None:
@@ -150,6 +161,7 @@ def test_greedy_tokens_are_the_same_with_speculation_on_and_off(
 
 
 @pytest.mark.parametrize("method", ["ngram", "suffix"])
+@engines
 def test_sampling_at_t1_has_the_same_statistics_with_speculation_on_and_off(
     method: str, off: dict[str, Any], request: pytest.FixtureRequest
 ) -> None:
@@ -163,6 +175,7 @@ def test_sampling_at_t1_has_the_same_statistics_with_speculation_on_and_off(
     )
 
 
+@engines
 def test_drafted_and_accepted_tokens_are_in_the_reply_state_metrics_and_record(
     ngram: dict[str, Any], off: dict[str, Any]
 ) -> None:
