@@ -96,7 +96,12 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         get_policy,
         synthetic_bench,
     )
-    from heddle.scheduler.sim import SimConfig, SimSpeculation, Simulator  # noqa: PLC0415
+    from heddle.scheduler.sim import (  # noqa: PLC0415
+        SimConfig,
+        SimSpeculation,
+        Simulator,
+        heddle_speculation,
+    )
 
     started = time.perf_counter()
     spec = WorkloadSpec.from_dict(SPECS[cfg["workload"]], f"preset {cfg['workload']!r}")
@@ -117,9 +122,16 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         tp = cluster.baseline_tp
         shape = PoolShape.of({tp: cluster.gpus // tp})
     sim_spec = None
-    if speculation.enabled:
-        colocate = cfg["policy"] == "heddle" and cfg.get("colocate", True)
-        sim_spec = SimSpeculation(speculation, model, colocate_groups=colocate)
+    if speculation.enabled and cfg["policy"] == "heddle":
+        # Heddle's drafting; a row may switch a mechanism off (the findings table).
+        drafting = {
+            key: cfg[key]
+            for key in ("colocate_groups", "seed_siblings", "seed_history", "k_table")
+            if key in cfg
+        }
+        sim_spec = heddle_speculation(speculation, model, **drafting)
+    elif speculation.enabled:
+        sim_spec = SimSpeculation(speculation, model)
     sim = Simulator(
         bench.scripts,
         cluster,

@@ -29,7 +29,14 @@ from heddle.scheduler import (
     acceptance_model,
     get_policy,
 )
-from heddle.scheduler.sim import SimConfig, SimResult, SimSpeculation, Simulator, lower_bound
+from heddle.scheduler.sim import (
+    SimConfig,
+    SimResult,
+    SimSpeculation,
+    Simulator,
+    heddle_speculation,
+    lower_bound,
+)
 
 __all__ = [
     "ABLATION",
@@ -115,8 +122,11 @@ def _acceptance(name: str) -> AcceptanceModel:
 def _sim_speculation(run: Run, model: AcceptanceModel) -> SimSpeculation | None:
     if not run.speculation.enabled:
         return None
-    # Heddle's placement may keep GRPO groups on one engine; the baselines route as they do.
-    return SimSpeculation(run.speculation, model, colocate_groups=run.policy.startswith("heddle"))
+    # Heddle seeds its engines' drafting corpus and may keep GRPO groups on one engine;
+    # the baselines run stock vLLM and route as they do.
+    if run.policy.startswith("heddle"):
+        return heddle_speculation(run.speculation, model)
+    return SimSpeculation(run.speculation, model)
 
 
 def _ratio(numerator: float, denominator: float) -> float:

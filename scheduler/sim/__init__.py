@@ -21,7 +21,12 @@ from ._iterations import (
 from ._plan import SimulatedShapePlanner, workload_sketch
 from ._results import SimResult
 from ._simulator import PlannerCost, SimConfig, Simulator
-from ._speculation import EngineSpeculator, GroupStickyPlacement, SimSpeculation
+from ._speculation import (
+    EngineSpeculator,
+    GroupStickyPlacement,
+    SimSpeculation,
+    heddle_speculation,
+)
 
 __all__ = [
     "ITERATION_POLICIES",
@@ -40,6 +45,7 @@ __all__ = [
     "SimulatedShapePlanner",
     "Simulator",
     "TrainerModel",
+    "heddle_speculation",
     "iteration_policy",
     "lower_bound",
     "stream_of",

@@ -156,8 +156,13 @@ class SimEngine:
         # Told whenever ``load`` changes (the simulator's live cluster view).
         self.on_load_change: Callable[[SimEngine], None] | None = None
         # Speculative decoding: (drafts K, tokens per step) for the running batch at a
-        # segment's start (sim/_speculation.py); None runs plain decode.
-        self.speculation: Callable[[SimEngine], tuple[int, float]] | None = None
+        # segment's start, given the time (sim/_speculation.py); None runs plain decode.
+        self.speculation: Callable[[SimEngine, float], tuple[int, float]] | None = None
+        # Told when a request's step ends here (the session then holds its text).
+        self.on_step_end: Callable[[SimEngine, SimTrajectory, float], None] | None = None
+        # Seconds of work outside the model owed before the next segment (texts the
+        # session inserted into this engine's suffix cache; the engine loop runs them).
+        self.pending_host_s = 0.0
         self.spec_steps = 0  # iterations that verified drafts
         self.spec_tokens = 0.0  # tokens those iterations produced per sequence, summed
         self.busy_s = 0.0
@@ -296,6 +301,9 @@ class SimEngine:
             done.sort(key=lambda sim: sim.run_seq)
         for sim in done:
             self._stop(sim)
+        if self.on_step_end is not None:
+            for sim in done:
+                self.on_step_end(self, sim, now)
         return done
 
     def cut_segment(self, now: float) -> float | None:
@@ -375,22 +383,23 @@ class SimEngine:
             return self.segment.end_s
         prefill_tokens = self._admit(now) + self.pending_prefill_tokens
         self.pending_prefill_tokens = 0
+        host_s, self.pending_host_s = self.pending_host_s, 0.0
         if not self.running:
-            if prefill_tokens:
-                duration = self.perf.prefill_time(prefill_tokens, self.instance.tp)
+            if prefill_tokens or host_s:
+                duration = self.perf.prefill_time(prefill_tokens, self.instance.tp) + host_s
                 self.segment = Segment(now, duration, 0, 0, 0, now + duration)
                 self.version += 1
                 return self.segment.end_s
             return None
         batch = len(self.running)
         context = self.running_context
-        k, tau = (0, 1.0) if self.speculation is None else self.speculation(self)
+        k, tau = (0, 1.0) if self.speculation is None else self.speculation(self, now)
         left = self._fewest_left()
         iterations = max(1, math.ceil(left / tau - 1e-9)) if tau != 1.0 else int(left)
         room = self.instance.kv_capacity_tokens - context - self.cache.total
         if context + iterations * batch * tau > self.instance.kv_capacity_tokens:
             iterations = max(1, int(room // (batch * tau))) if room > 0 else 1
-        prefill_s = self.perf.prefill_time(prefill_tokens, self.instance.tp)
+        prefill_s = self.perf.prefill_time(prefill_tokens, self.instance.tp) + host_s
         decode_s = self.perf.segment_time(batch, context, self.instance.tp, iterations, k, tau)
         self.segment = Segment(
             now, prefill_s, batch, context, iterations, now + prefill_s + decode_s, k, tau

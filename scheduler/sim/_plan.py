@@ -42,7 +42,7 @@ from .._shape import AnnealingShapePlanner, ShapeConfig, ShapePlan
 from .._types import FinishedTrajectory, PoolShape, check_tp_sizes, fits_nodes, node_sizes
 from .._workload import TrajectoryScript
 
-__all__ = ["SimulatedShapePlanner", "workload_sketch"]
+__all__ = ["SimulatedShapePlanner", "replica_scale", "workload_sketch"]
 
 _TOOL = "tool"
 
@@ -94,6 +94,20 @@ def workload_sketch(
             )
         )
     return scripts
+
+
+def replica_scale(
+    gpus: int, gpus_per_node: int, trajectories: int, mini_gpus: int = 16, min_sample: int = 512
+) -> int:
+    """How many copies of the planner's replica make the pool (1: the whole pool)."""
+    scale = 1
+    for s in range(2, gpus + 1):
+        if gpus % s or (gpus // s) % gpus_per_node or gpus // s < mini_gpus:
+            continue
+        if trajectories // s < min_sample:
+            continue
+        scale = s
+    return scale
 
 
 @dataclass(frozen=True)
@@ -174,13 +188,7 @@ class SimulatedShapePlanner:
     # -- the replica ----------------------------------------------------------
     def _replica(self, sketch: Sequence[TrajectoryScript]) -> _Replica:
         gpus, per_node = self.config.gpu_budget, self.config.gpus_per_node
-        scale = 1
-        for s in range(2, gpus + 1):
-            if gpus % s or (gpus // s) % per_node or gpus // s < self.mini_gpus:
-                continue
-            if len(sketch) // s < self.min_sample:
-                continue
-            scale = s
+        scale = replica_scale(gpus, per_node, len(sketch), self.mini_gpus, self.min_sample)
         order = sorted(range(len(sketch)), key=lambda i: (-sketch[i].total_tokens, i))
         kept = sorted(order[::scale])  # every s-th by length, the longest included; task order
         return _Replica(scale, gpus // scale, [sketch[i] for i in kept])

@@ -142,4 +142,11 @@ def _speculation(sim: Simulator) -> dict[str, Any]:
         "acceptance": spec.acceptance.name,
         "k_segments": {str(key): n for key, n in sorted(k_segments.items())},
         "colocation": sim.colocation,
+        "seeded": {
+            "siblings": spec.seed_siblings,
+            "history_samples": spec.seed_history,
+            "k_table": spec.k_table,
+            "tokens": sim.speculator.seeded_tokens if sim.speculator is not None else 0.0,
+            "engine_s": sim.speculator.seed_s if sim.speculator is not None else 0.0,
+        },
     }

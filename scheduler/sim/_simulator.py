@@ -13,7 +13,7 @@ from heddle.exceptions import ConfigError, HeddleError
 from .._cluster import ClusterSpec
 from .._migration import Move, NoMigration
 from .._perf import EngineInstance, PerfModel
-from .._placement import ClusterView, DPPlacement, PlacementPlan
+from .._placement import ClusterView, DPPlacement, PlacementPlan, PlacementPolicy
 from .._policies import (
     SchedulingPolicy,
     get_policy,
@@ -29,9 +29,16 @@ from .._shape import ShapeConfig
 from .._types import FinishedTrajectory, PoolShape, Trajectory, TrajectoryState
 from .._workload import TrajectoryScript
 from ._entities import SimEngine, SimTrajectory
-from ._plan import SimulatedShapePlanner
+from ._plan import SimulatedShapePlanner, replica_scale, workload_sketch
 from ._results import SimResult, summarise
-from ._speculation import EngineSpeculator, SimSpeculation, attach, colocation_placement
+from ._speculation import (
+    EngineSpeculator,
+    GroupStickyPlacement,
+    SimSpeculation,
+    attach,
+    colocation_placement,
+    make_speculator,
+)
 from ._view import LiveClusterView
 
 __all__ = ["PlannerCost", "SimConfig", "Simulator"]
@@ -201,19 +208,10 @@ class Simulator:
         self.speculator: EngineSpeculator | None = None
         self.colocation: str = "off"  # the co-location decision, for the report
         if self.config.speculation is not None and self.config.speculation.config.enabled:
-            self.speculator = EngineSpeculator(self.config.speculation, self.perf)
+            self.speculator = make_speculator(self.config.speculation, self.perf, scripts)
             attach(self.engines.values(), self.speculator)
             if self.config.speculation.colocate_groups:
-                for sim in self.sims.values():
-                    self._predict(sim)
-                placement, self.colocation = colocation_placement(
-                    [s.traj for s in self.sims.values()],
-                    list(self.engines.values()),
-                    self.config.speculation,
-                    self.perf,
-                )
-                if placement is not None:
-                    self.placement = placement
+                self.placement, self.colocation = self._decide_colocation(history)
         # Engines being merged (no new steps; they empty) and those gone: out of the view.
         self._draining: set[str] = set()
         self._retired: set[str] = set()
@@ -273,6 +271,57 @@ class Simulator:
                 self.config, max_trajectories_per_engine=plan.max_trajectories_per_engine
             )
         return plan.shape, plan.fallback_policy
+
+    def _decide_colocation(
+        self, history: Sequence[FinishedTrajectory]
+    ) -> tuple[PlacementPolicy, str]:
+        """Keep GRPO groups whole only where a simulation of the pool under the routing
+        in effect, with speculation, says it pays (sim/_spec_plan.py)."""
+        spec, cluster = self.config.speculation, self.cluster
+        assert spec is not None
+        for sim in self.sims.values():
+            self._predict(sim)
+        records = list(history) or [
+            FinishedTrajectory(
+                s.traj.group_id,
+                s.traj.prompt_tokens,
+                max(1, round(s.traj.predicted_remaining_tokens)),
+                max(1, round(s.traj.predicted_remaining_turns)),
+            )
+            for s in self.sims.values()
+        ]
+        means = [v for v in self.tool_means_s.values() if math.isfinite(v)]
+        scripts = workload_sketch(records, tool_latency_s=sum(means) / len(means) if means else 0)
+
+        def simulate(colocate: bool) -> float:
+            # The sketch under the routing in effect, with this run's speculation; never
+            # the run's own scripts (their lengths are not known to the session).
+            sim = Simulator(
+                scripts,
+                self.cluster,
+                get_policy(self.fallback_policy or self.policy.name),
+                tool_means_s={"tool": sum(means) / len(means) if means else 0.0},
+                shape=self.shape,
+                perf=self.perf,
+                config=replace(
+                    self.config,
+                    planner_cost=None,
+                    speculation=replace(spec, colocate_groups=False),
+                ),
+            )
+            if colocate:
+                sim.placement = GroupStickyPlacement()
+            return sim.run().makespan_s
+
+        placement, verdict = colocation_placement(
+            [s.traj for s in self.sims.values()],
+            list(self.engines.values()),
+            spec,
+            self.perf,
+            whole_pool=replica_scale(cluster.gpus, cluster.gpus_per_node, len(records)) == 1,
+            simulate=simulate,
+        )
+        return (placement if placement is not None else self.placement), verdict
 
     def _check_fits(self, inst: EngineInstance) -> None:
         """Every trajectory's whole context must fit an engine's KV cache on its own."""

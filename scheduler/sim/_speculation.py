@@ -18,8 +18,9 @@ finish is averaged).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from .._perf import PerfModel
 from .._placement import ClusterView, StickyPlacement
@@ -27,40 +28,125 @@ from .._speculation import (
     AcceptanceModel,
     SpeculationConfig,
     choose_k,
-    plan_group_colocation,
+    k_by_batch_size,
 )
 from .._types import Trajectory
-from ._entities import SimEngine
+from .._workload import TrajectoryScript
+from ._entities import SimEngine, SimTrajectory
+from ._spec_plan import decide_colocation
+
+# Inserting a text into arctic-inference's suffix cache (depth 24) cost 5.4 us per token,
+# measured here on 400,000 random tokens (docs/speculation.md, "Seeding"); the engine's
+# loop runs the insertion between steps, so the engine waits for it.
+SEED_S_PER_TOKEN: Final = 5.4e-6
+# The worker keeps at most this many inserted texts per job and task
+# (worker/_drafts.py, MAX_DRAFT_TEXTS_PER_TASK; the scheduler cannot import the worker).
+MAX_SEEDED_PER_TASK: Final = 64
+# Earlier samples of a task the session keeps and seeds: one GRPO group of the
+# previous iteration (the acceptance model's history is measured with 16).
+HISTORY_SAMPLES: Final = 16
+# How long after a step returns its text the session has pushed it to the other engines
+# (one batched POST /v1/drafts per engine per interval).
+DRAFT_PUSH_INTERVAL_S: Final = 1.0
 
 __all__ = [
+    "DRAFT_PUSH_INTERVAL_S",
+    "HISTORY_SAMPLES",
+    "MAX_SEEDED_PER_TASK",
+    "SEED_S_PER_TOKEN",
     "EngineSpeculator",
     "GroupStickyPlacement",
     "SimSpeculation",
     "attach",
     "colocation_placement",
+    "heddle_speculation",
+    "make_speculator",
 ]
 
 
 @dataclass(frozen=True)
 class SimSpeculation:
-    """A run's speculation: the engines' config, the acceptance model, and whether
-    Heddle's placement may co-locate GRPO groups (decided per run)."""
+    """A run's speculation: the engines' config, the acceptance model, and what only a
+    trajectory scheduler adds (Heddle's runs; the baselines run stock vLLM):
+
+    * ``colocate_groups``: Heddle may keep GRPO groups whole on one engine, where its
+      decision (sim/_spec_plan.py) predicts that pays;
+    * ``seed_siblings``: the session inserts each step's output into the suffix cache
+      of every other engine that runs a member of its group (``POST /v1/drafts``),
+      ``push_interval_s`` after the step returned it;
+    * ``seed_history``: earlier iterations' outputs of the task (this many samples,
+      kept per task id) are inserted into an engine before a group member first runs
+      there;
+    * ``k_table``: K from a batch-size table fixed at the engine's start
+      (:func:`k_by_batch_size`, what a vLLM worker takes), not per segment.
+
+    Every inserted token costs its engine ``seed_s_per_token`` of loop time.
+    """
 
     config: SpeculationConfig
     acceptance: AcceptanceModel
     colocate_groups: bool = False
+    seed_siblings: bool = False
+    seed_history: int = 0
+    push_interval_s: float = DRAFT_PUSH_INTERVAL_S
+    seed_s_per_token: float = SEED_S_PER_TOKEN
+    k_table: bool = False
+
+    @property
+    def seeds(self) -> bool:
+        return self.seed_siblings or self.seed_history > 0
+
+
+def heddle_speculation(
+    config: SpeculationConfig,
+    acceptance: AcceptanceModel,
+    *,
+    colocate_groups: bool = True,
+    seed_siblings: bool = True,
+    seed_history: int = HISTORY_SAMPLES,
+    k_table: bool = True,
+) -> SimSpeculation:
+    """Heddle's drafting for a run (docs/speculation.md, "What a trajectory scheduler
+    adds"): siblings' texts and the task's history seeded into every engine that runs a
+    group member, K from a batch-size table, co-location only where it is judged to pay."""
+    return SimSpeculation(
+        config,
+        acceptance,
+        colocate_groups=colocate_groups,
+        seed_siblings=seed_siblings,
+        seed_history=seed_history,
+        k_table=k_table,
+    )
 
 
 class EngineSpeculator:
-    """``(K, tokens per step)`` for an engine's running batch; tracks what each engine served."""
+    """``(K, tokens per step)`` for an engine's running batch; tracks what each engine's
+    suffix cache holds (texts it served, and texts the session inserted)."""
 
-    def __init__(self, spec: SimSpeculation, perf: PerfModel) -> None:
+    def __init__(
+        self,
+        spec: SimSpeculation,
+        perf: PerfModel,
+        group_sizes: Mapping[str, int] | None = None,
+        history_tokens: Mapping[str, float] | None = None,
+        context_per_sequence: float = 0.0,
+    ) -> None:
         self.spec = spec
         self.perf = perf
         # engine -> group -> trajectories whose text is in that engine's suffix tree
         self.served: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+        # group -> {trajectory: when the session could first insert its text elsewhere}
+        self.text_at: dict[str, dict[str, float]] = defaultdict(dict)
+        self.seeded_history: dict[str, set[str]] = defaultdict(set)  # engine -> groups
+        self.group_sizes = dict(group_sizes or {})
+        self.history_tokens = dict(history_tokens or {})  # group -> tokens of its history
+        self.context_per_sequence = context_per_sequence
+        self.seeded_tokens = 0.0  # tokens inserted into suffix caches (reports)
+        self.seed_s = 0.0  # engine seconds those insertions cost
         self.k_steps: Counter[int] = Counter()  # segments started at each K (reports)
         self._tau: dict[tuple[int, int, int, float], float] = {}  # memo of the model
+        self._tables: dict[int, tuple[tuple[int, int], ...]] = {}  # tp -> K by batch size
+        self._engines: dict[str, SimEngine] = {}  # the engines it serves, by name
 
     def _tokens_per_step(self, k: int, siblings: int, history: int, position: float) -> float:
         key = (k, siblings, history, position)
@@ -72,19 +158,79 @@ class EngineSpeculator:
             self._tau[key] = value
         return value
 
-    def __call__(self, engine: SimEngine) -> tuple[int, float]:
-        config = self.spec.config
-        if not config.enabled or not engine.running:
-            return 0, 1.0
+    # -- the drafting corpus ------------------------------------------------------
+    def step_ended(self, engine: SimEngine, sim: SimTrajectory, now: float) -> None:
+        """A step returned its text to the session: other engines may get it, later."""
+        if self.spec.seed_siblings:
+            group = self.text_at[sim.traj.group_id]
+            group.setdefault(sim.id, now + self.spec.push_interval_s)
+            # The step's new tokens go to the other engines that run the group.
+            turns = sim.script.turn_tokens
+            tokens = float(turns[sim.traj.turns]) if sim.traj.turns < len(turns) else 0.0
+            for name, groups in self.served.items():
+                if name != engine.name and sim.traj.group_id in groups:
+                    self._charge(name, tokens)
+
+    def _charge(self, engine_name: str, tokens: float) -> None:
+        engine = self._engines.get(engine_name)
+        if engine is None or tokens <= 0:
+            return
+        cost = tokens * self.spec.seed_s_per_token
+        engine.pending_host_s += cost
+        self.seeded_tokens += tokens
+        self.seed_s += cost
+
+    def register(self, engine: SimEngine) -> None:
+        self._engines[engine.name] = engine
+
+    def _corpus(self, engine: SimEngine, now: float) -> Counter[tuple[int, int, float]]:
+        """Requests that draft alike, counted once each: (siblings, history, position)."""
         served = self.served[engine.name]
         running = engine.running.values()
         for sim in running:
-            served[sim.traj.group_id].add(sim.id)
-        # Requests that draft alike, counted once each: (siblings, history, position bucket).
+            group = sim.traj.group_id
+            if group not in served and self.spec.seed_history > 0:
+                # The session inserts the task's earlier outputs before its first step here.
+                self._charge(engine.name, self.history_tokens.get(group, 0.0))
+                self.seeded_history[engine.name].add(group)
+            served[group].add(sim.id)
         kinds: Counter[tuple[int, int, float]] = Counter()
+        seeded_history = self.spec.seed_history
         for sim in running:
-            here = len(served[sim.traj.group_id])
-            kinds[(here - 1, here, _position(sim.traj))] += 1
+            group = sim.traj.group_id
+            here = served[group]
+            siblings = len(here) - 1
+            if self.spec.seed_siblings:
+                extra = sum(
+                    1 for t, at in self.text_at[group].items() if at <= now and t not in here
+                )
+                siblings = min(siblings + extra, self.group_sizes.get(group, siblings + extra))
+            # The previous iteration's samples of the task: stock vLLM holds those its
+            # routing happened to send here (as many as this iteration's); seeded, all.
+            history = max(len(here), seeded_history)
+            kinds[(siblings, history, _position(sim.traj))] += 1
+        return kinds
+
+    # -- K ------------------------------------------------------------------------
+    def _table_k(self, engine: SimEngine, batch: int, tau: Callable[[int], float]) -> int:
+        """K from the engine's batch-size table, fixed when the engine first runs (with
+        the acceptance its first batch expects), as a vLLM worker's table is."""
+        tp = engine.instance.tp
+        table = self._tables.get(tp)
+        if table is None:
+            per_seq = self.context_per_sequence or engine.running_context / max(1, batch)
+            table = k_by_batch_size(self.perf, tp, per_seq, tau)
+            self._tables[tp] = table
+        for up_to, k in table:
+            if batch <= up_to:
+                return k
+        return table[-1][1] if table else 0
+
+    def __call__(self, engine: SimEngine, now: float) -> tuple[int, float]:
+        config = self.spec.config
+        if not config.enabled or not engine.running:
+            return 0, 1.0
+        kinds = self._corpus(engine, now)
         batch = len(engine.running)
 
         def tau(k: int) -> float:
@@ -93,10 +239,12 @@ class EngineSpeculator:
                 total += n * self._tokens_per_step(k, siblings, history, position)
             return total / batch
 
-        if config.num_speculative_tokens is None:
-            k = choose_k(self.perf, engine.instance.tp, batch, engine.running_context, tau)
-        else:
+        if config.num_speculative_tokens is not None:
             k = config.num_speculative_tokens
+        elif self.spec.k_table:
+            k = self._table_k(engine, batch, tau)
+        else:
+            k = choose_k(self.perf, engine.instance.tp, batch, engine.running_context, tau)
         self.k_steps[k] += 1
         return (k, tau(k)) if k else (0, 1.0)
 
@@ -125,9 +273,34 @@ class GroupStickyPlacement(StickyPlacement):
         return engine
 
 
+def make_speculator(
+    spec: SimSpeculation, perf: PerfModel, scripts: Sequence[TrajectoryScript]
+) -> EngineSpeculator:
+    """The speculator for a run over ``scripts``: group sizes (how many siblings there
+    are to seed), the tokens a group's history texts hold (its outputs: the previous
+    iteration's are taken to be as long as this one's, for what inserting them costs),
+    and the mean context a sequence holds over its life (for a K table)."""
+    sizes: Counter[str] = Counter()
+    history: dict[str, float] = defaultdict(float)
+    contexts = 0.0
+    for s in scripts:
+        sizes[s.group_id] += 1
+        history[s.group_id] += s.total_tokens
+        contexts += s.prompt_tokens + (s.total_tokens + sum(s.tool_output_tokens)) / 2
+    if spec.seed_history:
+        # ``seed_history`` samples of the task, each as long as this iteration's mean.
+        for g, total in history.items():
+            history[g] = total / sizes[g] * min(spec.seed_history, MAX_SEEDED_PER_TASK)
+    return EngineSpeculator(spec, perf, sizes, history, contexts / max(1, len(scripts)))
+
+
 def attach(engines: Iterable[SimEngine], speculator: EngineSpeculator | None) -> None:
     for engine in engines:
         engine.speculation = speculator
+        if speculator is not None:
+            speculator.register(engine)
+            if speculator.spec.seed_siblings:
+                engine.on_step_end = speculator.step_ended
 
 
 def colocation_placement(
@@ -135,9 +308,12 @@ def colocation_placement(
     engines: list[SimEngine],
     spec: SimSpeculation,
     perf: PerfModel,
+    *,
+    whole_pool: bool = False,
+    simulate: Callable[[bool], float] | None = None,
 ) -> tuple[GroupStickyPlacement | None, str]:
-    """Heddle's decision (:func:`plan_group_colocation`) on the predictor's lengths:
-    a group-keeping placement and ``"on"``, or None and ``"off"`` with the figures."""
+    """Heddle's decision (:func:`decide_colocation`) on the predictor's lengths: a
+    group-keeping placement and its verdict, or None and why not."""
     groups: dict[str, list[float]] = defaultdict(list)
     for t in trajectories:
         groups[t.group_id].append(max(1.0, t.predicted_remaining_tokens))
@@ -146,19 +322,25 @@ def colocation_placement(
     size = max(len(v) for v in groups.values())
     per_engine = max(1, len(engines))
     scattered = max(0, round(size / per_engine) - 1)
-    co = model.tokens_per_step(config.method, k, siblings=size - 1, history=size)
-    sc = model.tokens_per_step(config.method, k, siblings=scattered, history=scattered + 1)
+    history = max(size if spec.seed_history else 0, 1)
+    co = model.tokens_per_step(config.method, k, siblings=size - 1, history=max(size, history))
+    sc = model.tokens_per_step(
+        config.method, k, siblings=scattered, history=max(scattered + 1, history)
+    )
     tp = engines[0].instance.tp
     per_token = perf.instance("probe", tp).per_token_s
-    plan = plan_group_colocation(groups, per_engine, per_token, co, sc)
-    verdict = (
-        f"{'on' if plan.colocate else 'off'} (predicted {plan.predicted_colocated_s:.0f}s "
-        f"co-located at {co:.2f} tokens/step vs {plan.predicted_scattered_s:.0f}s scattered "
-        f"at {sc:.2f})"
+    decision = decide_colocation(
+        groups,
+        per_engine,
+        per_token,
+        co,
+        sc,
+        siblings_seeded=spec.seed_siblings,
+        whole_pool=whole_pool,
+        simulate=simulate,
     )
-    if not plan.colocate:
-        return None, verdict
-    # The decision is the plan's; where each group goes is decided when its first
-    # trajectory starts (the least loaded engine then), which follows the real load
-    # rather than the predicted one.
-    return GroupStickyPlacement(), verdict
+    if not decision.colocate:
+        return None, decision.reason
+    # Where each group goes is decided when its first trajectory starts (the least
+    # loaded engine then), which follows the real load rather than the predicted one.
+    return GroupStickyPlacement(), decision.reason

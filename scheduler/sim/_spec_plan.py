@@ -1,0 +1,105 @@
+"""Heddle's speculation decisions for a run: whether to keep GRPO groups whole.
+
+Co-locating a group puts its siblings' text in one engine's suffix tree, and
+makes whole groups the unit of placement: a long group on one engine becomes
+the tail, and a group-keeping placement replaces the routing the pool would
+otherwise run (verl's pinning, slime's least-load at every step). The closed
+form (:func:`plan_group_colocation`) sees the first and not the second: at
+8,192 trajectories on 64 GPUs it predicted co-location 30% ahead on search and
+math, and the runs came out 28% and 17% behind the best baseline
+(docs/speculation.md). So the decision here compares the plan against the
+routing it would replace, *with speculation*, on a simulation of the pool:
+
+1. Where the session seeds every engine that runs a group member with the
+   siblings' texts (``seed_siblings``), co-location buys no acceptance a
+   scattered group lacks: refused, the pool keeps its routing.
+2. Where the closed form predicts no gain, refused.
+3. A simulation can vouch for a cross-engine placement only where it is the
+   whole pool (the shape planner's rule, sim/_plan.py: a replica with fewer
+   engines put Heddle's placement 7% ahead where the pool was 5% behind; here
+   the 16-GPU replica of the 64-GPU pool is the very run where co-location
+   paid). On a larger pool: refused.
+4. On the whole pool, the workload sketch (the previous rollout, or the
+   predictor's prior: never the run's true lengths) runs twice under the
+   routing in effect and Heddle's speculation, scattered and co-located;
+   co-location is taken only if it finishes sooner by ``margin``.
+
+The live session and the simulator both call :func:`decide_colocation`; the
+simulation it needs is passed in (``simulate``; the simulator's is
+``Simulator.sketch_makespan``), so this module runs nothing itself and imports
+no simulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from .._speculation import plan_group_colocation
+
+__all__ = ["COLOCATION_MARGIN", "ColocationDecision", "decide_colocation"]
+
+# How much sooner the co-located simulation must finish: the simulated lead of a
+# placement over the routing it replaces was 7-16 points too high at 2,048 trajectories
+# (sim/_plan.py); co-location's own errors are not measured apart, so half that.
+COLOCATION_MARGIN: Final = 0.05
+
+
+@dataclass(frozen=True)
+class ColocationDecision:
+    """The verdict and why (for the report)."""
+
+    colocate: bool
+    reason: str
+    predicted_scattered_s: float = 0.0
+    predicted_colocated_s: float = 0.0
+
+
+def decide_colocation(
+    groups: Mapping[str, Sequence[float]],
+    engines: int,
+    seconds_per_token: float,
+    tokens_per_step_colocated: float,
+    tokens_per_step_scattered: float,
+    *,
+    siblings_seeded: bool,
+    whole_pool: bool,
+    simulate: Callable[[bool], float] | None,
+    margin: float = COLOCATION_MARGIN,
+) -> ColocationDecision:
+    """Whether Heddle keeps GRPO groups whole on one engine (module docstring).
+
+    ``groups``: predicted remaining tokens per trajectory, by group;
+    ``tokens_per_step_*``: the acceptance a request gets with its whole group in its
+    engine's tree and with the share the pool's routing leaves it; ``simulate(colocate)``
+    the simulated makespan of the workload sketch under the pool's routing with
+    speculation, groups kept whole or not (None: no simulation available, refuse).
+    """
+    if siblings_seeded:
+        return ColocationDecision(False, "off (siblings' texts are seeded into every engine)")
+    closed = plan_group_colocation(
+        groups, engines, seconds_per_token, tokens_per_step_colocated, tokens_per_step_scattered
+    )
+    figures = (
+        f"closed form {closed.predicted_colocated_s:.0f}s co-located at "
+        f"{tokens_per_step_colocated:.2f} tokens/step vs {closed.predicted_scattered_s:.0f}s "
+        f"scattered at {tokens_per_step_scattered:.2f}"
+    )
+    if not closed.colocate:
+        return ColocationDecision(False, f"off ({figures})")
+    if not whole_pool or simulate is None:
+        return ColocationDecision(
+            False, f"off (a simulation smaller than the pool cannot vouch for it; {figures})"
+        )
+    scattered = simulate(False)
+    colocated = simulate(True)
+    take = colocated < scattered * (1.0 - margin)
+    verdict = "on" if take else "off"
+    return ColocationDecision(
+        take,
+        f"{verdict} (simulated {colocated:.0f}s co-located vs {scattered:.0f}s under the "
+        f"pool's routing, margin {margin:.0%}; {figures})",
+        scattered,
+        colocated,
+    )

@@ -1,0 +1,137 @@
+"""Heddle's speculation decisions in the simulator: co-location judged against the pool's
+routing, and the drafting corpus the session seeds (siblings after a push, history)."""
+
+from __future__ import annotations
+
+from heddle.scheduler import (
+    ACCEPTANCE_PRESETS,
+    ClusterSpec,
+    FinishedTrajectory,
+    PoolShape,
+    SpeculationConfig,
+    TrajectoryScript,
+    get_policy,
+)
+from heddle.scheduler.sim import (
+    GroupStickyPlacement,
+    SimConfig,
+    SimSpeculation,
+    Simulator,
+    heddle_speculation,
+)
+
+SUFFIX = SpeculationConfig("suffix", None)
+DEFAULT = ACCEPTANCE_PRESETS["default"]
+# Four TP1 engines running at most 8 sequences each (so an engine's work, not only its
+# longest sequence, sets when it finishes); small enough that a simulation of the whole
+# pool judges co-location.
+CLUSTER = ClusterSpec("four", 4, 4, "qwen3-8b", "h100-sxm", (1,), 1, batch_cap=8)
+
+
+def groups_of(lengths: list[int], size: int = 16, turns: int = 2) -> list[TrajectoryScript]:
+    """One GRPO group per entry of ``lengths``, every sample that many output tokens."""
+    scripts = []
+    for g, total in enumerate(lengths):
+        per_turn = (total // turns,) * turns
+        for i in range(size):
+            scripts.append(
+                TrajectoryScript(
+                    f"g{g}-{i}",
+                    f"g{g}",
+                    i,
+                    200,
+                    per_turn,
+                    ("tool",) * (turns - 1),
+                    (0.2,) * (turns - 1),
+                    (50,) * (turns - 1),
+                )
+            )
+    return scripts
+
+
+def history_of(scripts: list[TrajectoryScript]) -> list[FinishedTrajectory]:
+    """The previous iteration, as the session keeps it: the same tasks, the same lengths."""
+    return [
+        FinishedTrajectory(s.group_id, s.prompt_tokens, s.total_tokens, s.turns, s.turn_tokens)
+        for s in scripts
+    ]
+
+
+def heddle_run(scripts: list[TrajectoryScript], spec: SimSpeculation) -> Simulator:
+    return Simulator(
+        scripts,
+        CLUSTER,
+        get_policy("heddle"),
+        tool_means_s={"tool": 0.2},
+        history=history_of(scripts),
+        config=SimConfig(speculation=spec),
+    )
+
+
+def stock_run(scripts: list[TrajectoryScript], spec: SimSpeculation) -> Simulator:
+    return Simulator(
+        scripts,
+        CLUSTER,
+        get_policy("verl"),
+        tool_means_s={"tool": 0.2},
+        shape=PoolShape.of({1: 4}),
+        config=SimConfig(speculation=spec),
+    )
+
+
+NO_SEEDING = {"seed_siblings": False, "seed_history": 0, "k_table": False}
+
+
+def test_colocation_is_taken_where_whole_groups_balance() -> None:
+    # Eight equal groups of 16 on four engines: two whole groups per engine balance
+    # exactly, and a group's 15 siblings in one tree beat the ~3 the routing leaves it.
+    sim = heddle_run(groups_of([1200] * 8), heddle_speculation(SUFFIX, DEFAULT, **NO_SEEDING))
+    assert sim.colocation.startswith("on (simulated")
+    colocated = sim.run()
+    assert colocated.speculation["tokens_per_step"] > 1.9
+
+
+def test_colocation_is_refused_where_whole_groups_pile_up() -> None:
+    # Long and short groups alternate: the closed form pairs each long group with a short
+    # one (balanced, and it predicts a gain), but placing groups as they arrive puts two
+    # long groups on each of two engines, twice the waves of long sequences the pool's
+    # routing gives an engine. The simulation of the pool sees it: refused.
+    sim = heddle_run(groups_of([4000, 400] * 4), heddle_speculation(SUFFIX, DEFAULT, **NO_SEEDING))
+    assert sim.colocation.startswith("off (simulated")
+    assert "closed form" in sim.colocation
+    # and the simulation was right: co-locating anyway finishes later.
+    forced = heddle_run(
+        groups_of([4000, 400] * 4), heddle_speculation(SUFFIX, DEFAULT, **NO_SEEDING)
+    )
+    forced.placement = GroupStickyPlacement()
+    assert forced.run().makespan_s > sim.run().makespan_s
+
+
+def test_seeded_siblings_make_colocation_pointless() -> None:
+    spec = heddle_speculation(SUFFIX, DEFAULT, seed_history=0, k_table=False)
+    sim = heddle_run(groups_of([1200] * 8), spec)
+    assert sim.colocation.startswith("off (siblings")
+
+
+def test_seeded_siblings_count_only_after_their_text_is_pushed() -> None:
+    scripts = groups_of([1200] * 8, turns=3)
+    stock = stock_run(scripts, SimSpeculation(SUFFIX, DEFAULT)).run()
+    never = stock_run(
+        scripts, SimSpeculation(SUFFIX, DEFAULT, seed_siblings=True, push_interval_s=1e9)
+    ).run()
+    pushed = stock_run(scripts, SimSpeculation(SUFFIX, DEFAULT, seed_siblings=True)).run()
+    # Texts that never arrive draft nothing; their insertion still costs the engines.
+    assert never.speculation["tokens_per_step"] == stock.speculation["tokens_per_step"]
+    assert never.makespan_s >= stock.makespan_s
+    assert pushed.speculation["tokens_per_step"] > stock.speculation["tokens_per_step"]
+    assert pushed.speculation["seeded"]["tokens"] > 0
+    assert pushed.speculation["seeded"]["engine_s"] > 0
+
+
+def test_history_seeding_gives_every_engine_the_task_history() -> None:
+    scripts = groups_of([1200] * 8)
+    stock = stock_run(scripts, SimSpeculation(SUFFIX, DEFAULT)).run()
+    seeded = stock_run(scripts, SimSpeculation(SUFFIX, DEFAULT, seed_history=16)).run()
+    assert seeded.speculation["tokens_per_step"] > stock.speculation["tokens_per_step"]
+    # 16 samples of 1,200 tokens for each group an engine runs (every engine runs all 8).
+    assert seeded.speculation["seeded"]["tokens"] == 4 * 8 * 16 * 1200
