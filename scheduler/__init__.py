@@ -113,6 +113,7 @@ from ._speculation import (
     geometric_tokens_per_step,
     k_by_batch_size,
     plan_group_colocation,
+    seed_pays,
     sensitivity_model,
 )
 from ._stats import pearson, tail_recall
@@ -250,6 +251,7 @@ __all__ = [
     "plan_placement",
     "replay_group",
     "scripts_from_trace",
+    "seed_pays",
     "sensitivity_model",
     "solve_contiguous",
     "solve_lengths",

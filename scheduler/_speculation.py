@@ -16,7 +16,11 @@ Three decisions, shared by the simulator now and the live session and worker:
   (``num_speculative_tokens_per_batch_size``-style) for a pool's ``auto``.
 * **Co-location** (:func:`plan_group_colocation`): whether putting each GRPO
   group on one engine pays — the siblings' acceptance gain against the
-  imbalance of whole groups per engine, both predicted.
+  imbalance of whole groups per engine, both predicted (the closed form; the
+  simulator judges it further, sim/_spec_plan.py).
+* **Seeding** (:func:`seed_pays`): whether inserting a sibling's or an earlier
+  iteration's text into an engine's suffix cache (``POST /v1/drafts``) saves
+  the engine more time than the insertion costs it.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ __all__ = [
     "geometric_tokens_per_step",
     "k_by_batch_size",
     "plan_group_colocation",
+    "seed_pays",
     "sensitivity_model",
 ]
 
@@ -412,3 +417,36 @@ def plan_group_colocation(
     co_s = max(co, longest) * seconds_per_token / tokens_per_step_colocated
     sc_s = max(total / engines, longest) * seconds_per_token / tokens_per_step_scattered
     return ColocationPlan(co_s < sc_s, assignment if co_s < sc_s else {}, co_s, sc_s)
+
+
+def seed_pays(
+    perf: PerfModel,
+    tp: int,
+    batch: int,
+    context_tokens: float,
+    *,
+    insert_tokens: float,
+    seconds_per_inserted_token: float,
+    remaining_tokens: float,
+    tokens_per_step_before: float,
+    tokens_per_step_after: float,
+    k: int = 4,
+) -> bool:
+    """Whether inserting ``insert_tokens`` into an engine's suffix cache pays.
+
+    The engine's loop spends ``insert_tokens * seconds_per_inserted_token`` on it. The
+    gain: the requests it helps (``remaining_tokens`` predicted still to generate on this
+    engine) advance ``tokens_per_step_after`` instead of ``..._before`` per step, and
+    each of their tokens costs the engine ``iteration_time / batch`` per step it
+    takes. At a full batch a step's time is shared by many requests and an insertion
+    rarely pays; in the tail (few requests, memory-bound) it pays most.
+    """
+    if batch <= 0 or insert_tokens <= 0 or tokens_per_step_after <= tokens_per_step_before:
+        return False
+    per_request_step = perf.iteration_time(batch, context_tokens, tp, k) / batch
+    saved = (
+        remaining_tokens
+        * per_request_step
+        * (1.0 / tokens_per_step_before - 1.0 / tokens_per_step_after)
+    )
+    return saved > insert_tokens * seconds_per_inserted_token

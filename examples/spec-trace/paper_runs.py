@@ -6,7 +6,10 @@ docs/speculation.md for the equivalent ``heddle bench`` commands). It reads the
 presets from specs.json (the YAML presets as JSON, so it also runs where only
 numpy is installed) and appends one JSON line per run to OUT/runs.jsonl.
 
-    python examples/spec-trace/paper_runs.py OUT [PROCESSES] [DEADLINE_S]
+    python examples/spec-trace/paper_runs.py OUT [PROCESSES] [DEADLINE_S] [SCALE]
+
+SCALE: ``small`` (2,048 on 16), ``paper`` (8,192 on 64), ``both``, or ``issue26``
+(the runs of the tables after the co-location decision and the drafting corpus).
 """
 
 from __future__ import annotations
@@ -65,6 +68,59 @@ def configs(scale: str = "both") -> list[dict[str, Any]]:
                     {**base, "policy": "verl", "cap": 128, "spec": s, "acceptance": tau}
                     for s in ("suffix:4", "suffix:8")
                 ]
+    return rows
+
+
+HEDDLE = {"policy": "heddle", "cap": None, "spec": "suffix:auto"}
+# The findings table: Heddle with one mechanism at a time (docs/speculation.md).
+ABLATIONS = {
+    "k-per-segment": {"colocate_groups": False, "seed_siblings": False, "seed_history": 0,
+                      "k_table": False},
+    "k-table": {"colocate_groups": False, "seed_siblings": False, "seed_history": 0},
+    "k-table+siblings": {"colocate_groups": False, "seed_history": 0},
+    "k-table+history": {"colocate_groups": False, "seed_siblings": False},
+    "colocation-judged": {"seed_siblings": False, "seed_history": 0},
+}  # fmt: skip
+
+
+def issue26_configs() -> list[dict[str, Any]]:
+    """The runs of docs/speculation.md's tables after the co-location decision and the
+    drafting corpus (issue 26), most wanted first: Heddle at the paper's scale, the
+    baselines there with the pessimistic acceptance, both at 2,048 on 16, the findings
+    (one mechanism at a time), the sensitivity table, and the baselines' wider sweep
+    (verl and slime, uncapped and at cap 128, K 2/4/8) at 2,048 on 16."""
+    rows: list[dict[str, Any]] = []
+    paper = {"prompts": None, "gpus": None}
+    small = {"prompts": 128, "gpus": 16}
+    for acceptance in ("default", "pessimistic"):
+        for w, (cluster, *_rest) in WORKLOADS.items():
+            rows.append({"workload": w, "cluster": cluster, **paper, **HEDDLE,
+                         "acceptance": acceptance})  # fmt: skip
+    for w, (cluster, _, _, policy, cap) in WORKLOADS.items():
+        for s in ("suffix:2", "suffix:4", "suffix:8", "ngram:4"):
+            rows.append({"workload": w, "cluster": cluster, **paper, "policy": policy,
+                         "cap": cap, "spec": s, "acceptance": "pessimistic"})  # fmt: skip
+    for acceptance in ("default", "pessimistic"):
+        for w, (cluster, *_rest) in WORKLOADS.items():
+            rows.append({"workload": w, "cluster": cluster, **small, **HEDDLE,
+                         "acceptance": acceptance})  # fmt: skip
+    for w, (cluster, _, _, policy, cap) in WORKLOADS.items():
+        rows.append({"workload": w, "cluster": cluster, **small, "policy": policy,
+                     "cap": cap, "spec": "suffix:2", "acceptance": "pessimistic"})  # fmt: skip
+    for w in ("search", "math", "coding"):
+        cluster = WORKLOADS[w][0]
+        for name, knobs in ABLATIONS.items():
+            rows.append({"workload": w, "cluster": cluster, **small, **HEDDLE,
+                         "acceptance": "default", "ablation": name, **knobs})  # fmt: skip
+    for tau in SENSITIVITY:
+        rows.append({"workload": "coding", "cluster": "cluster-tp4", **small, **HEDDLE,
+                     "acceptance": tau})  # fmt: skip
+    for w, (cluster, *_rest) in WORKLOADS.items():
+        for policy in ("verl", "slime"):
+            for cap in (None, 128):
+                for s in ("suffix:2", "suffix:4", "suffix:8"):
+                    rows.append({"workload": w, "cluster": cluster, **small, "policy": policy,
+                                 "cap": cap, "spec": s, "acceptance": "default"})  # fmt: skip
     return rows
 
 
@@ -161,8 +217,9 @@ def main() -> None:
     scale = sys.argv[4] if len(sys.argv) > 4 else "both"
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    todo = issue26_configs() if scale == "issue26" else configs(scale)
     with mp.Pool(procs) as pool, (out / "runs.jsonl").open("a") as f:
-        pending = [pool.apply_async(run, (c,)) for c in configs(scale)]
+        pending = [pool.apply_async(run, (c,)) for c in todo]
         while pending and time.perf_counter() - t0 < deadline:
             for job in [j for j in pending if j.ready()]:
                 pending.remove(job)

@@ -29,6 +29,7 @@ from .._speculation import (
     SpeculationConfig,
     choose_k,
     k_by_batch_size,
+    seed_pays,
 )
 from .._types import Trajectory
 from .._workload import TrajectoryScript
@@ -135,9 +136,13 @@ class EngineSpeculator:
         self.perf = perf
         # engine -> group -> trajectories whose text is in that engine's suffix tree
         self.served: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
-        # group -> {trajectory: when the session could first insert its text elsewhere}
-        self.text_at: dict[str, dict[str, float]] = defaultdict(dict)
-        self.seeded_history: dict[str, set[str]] = defaultdict(set)  # engine -> groups
+        # engine -> group -> {sibling: when its pushed text reached the engine's tree}
+        self.pushed: dict[str, dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+        self.running_groups: dict[str, set[str]] = defaultdict(set)  # group -> engines
+        self._last_groups: dict[str, set[str]] = {}  # engine -> groups it ran last segment
+        self.history_tried: dict[str, set[str]] = defaultdict(set)  # engine -> groups decided
+        self.seeded_history: dict[str, set[str]] = defaultdict(set)  # engine -> groups seeded
+        self._now = 0.0
         self.group_sizes = dict(group_sizes or {})
         self.history_tokens = dict(history_tokens or {})  # group -> tokens of its history
         self.context_per_sequence = context_per_sequence
@@ -159,17 +164,61 @@ class EngineSpeculator:
         return value
 
     # -- the drafting corpus ------------------------------------------------------
+    def _gain(
+        self, engine: SimEngine, group: str, insert_tokens: float, siblings: int, history: int
+    ) -> bool:
+        """Does inserting this text into ``engine`` pay for ``group``'s requests there
+        (:func:`seed_pays`, on the predictor's remaining lengths)?"""
+        members = [s for s in engine.running.values() if s.traj.group_id == group]
+        if not members:
+            return False
+        here = self._siblings_here(engine, group, self._now)
+        had = self.spec.seed_history if group in self.seeded_history[engine.name] else 0
+        before = self._tokens_per_step(4, here, max(here + 1, had), 0.0)
+        after = self._tokens_per_step(4, siblings, max(here + 1, had, history), 0.0)
+        return seed_pays(
+            self.perf,
+            engine.instance.tp,
+            len(engine.running),
+            engine.running_context,
+            insert_tokens=insert_tokens,
+            seconds_per_inserted_token=self.spec.seed_s_per_token,
+            remaining_tokens=sum(max(0.0, s.traj.predicted_remaining_tokens) for s in members),
+            tokens_per_step_before=before,
+            tokens_per_step_after=after,
+        )
+
     def step_ended(self, engine: SimEngine, sim: SimTrajectory, now: float) -> None:
-        """A step returned its text to the session: other engines may get it, later."""
-        if self.spec.seed_siblings:
-            group = self.text_at[sim.traj.group_id]
-            group.setdefault(sim.id, now + self.spec.push_interval_s)
-            # The step's new tokens go to the other engines that run the group.
-            turns = sim.script.turn_tokens
-            tokens = float(turns[sim.traj.turns]) if sim.traj.turns < len(turns) else 0.0
-            for name, groups in self.served.items():
-                if name != engine.name and sim.traj.group_id in groups:
-                    self._charge(name, tokens)
+        """A step returned its text to the session, which pushes it, ``push_interval_s``
+        later, to the other engines running the group where that pays."""
+        self._now = now
+        group = sim.traj.group_id
+        turns = sim.script.turn_tokens
+        step = sim.traj.turns  # the step that just ended (counted after this call)
+        tokens = float(turns[step]) if step < len(turns) else 0.0
+        for name in self.running_groups.get(group, ()):
+            other = self._engines.get(name)
+            if other is None or name == engine.name or sim.id in self.served[name][group]:
+                continue
+            pushed = self.pushed[name][group]
+            if sim.id not in pushed:
+                here = self._siblings_here(other, group, now)
+                size = self.group_sizes.get(group, here + 2)
+                text = float(sum(turns[: step + 1]))  # its whole text so far
+                if not self._gain(other, group, text, min(here + 1, size - 1), 0):
+                    continue
+                pushed[sim.id] = now + self.spec.push_interval_s
+                self._charge(name, text)
+            else:
+                self._charge(name, tokens)  # a sibling it holds: kept current
+
+    def _siblings_here(self, engine: SimEngine, group: str, now: float) -> int:
+        """Siblings whose text ``engine``'s tree holds: served there, or pushed and arrived."""
+        here = self.served[engine.name][group]
+        arrived = sum(
+            1 for t, at in self.pushed[engine.name][group].items() if at <= now and t not in here
+        )
+        return max(0, len(here) + arrived - 1)
 
     def _charge(self, engine_name: str, tokens: float) -> None:
         engine = self._engines.get(engine_name)
@@ -185,29 +234,39 @@ class EngineSpeculator:
 
     def _corpus(self, engine: SimEngine, now: float) -> Counter[tuple[int, int, float]]:
         """Requests that draft alike, counted once each: (siblings, history, position)."""
-        served = self.served[engine.name]
+        self._now = now
+        name = engine.name
+        served = self.served[name]
         running = engine.running.values()
+        groups = {sim.traj.group_id for sim in running}
+        for group in self._last_groups.get(name, set()) - groups:
+            self.running_groups[group].discard(name)
+        for group in groups:
+            self.running_groups[group].add(name)
+        self._last_groups[name] = groups
+        wants_history = self.spec.seed_history > 0
         for sim in running:
             group = sim.traj.group_id
-            if group not in served and self.spec.seed_history > 0:
-                # The session inserts the task's earlier outputs before its first step here.
-                self._charge(engine.name, self.history_tokens.get(group, 0.0))
-                self.seeded_history[engine.name].add(group)
+            if wants_history and group not in self.history_tried[name]:
+                # Before the task's first step here the session may insert its earlier
+                # outputs, where that pays for the group's requests on this engine.
+                self.history_tried[name].add(group)
+                served[group].add(sim.id)
+                tokens = self.history_tokens.get(group, 0.0)
+                here = self._siblings_here(engine, group, now)
+                if self._gain(engine, group, tokens, here, self.spec.seed_history):
+                    self._charge(name, tokens)
+                    self.seeded_history[name].add(group)
             served[group].add(sim.id)
         kinds: Counter[tuple[int, int, float]] = Counter()
-        seeded_history = self.spec.seed_history
         for sim in running:
             group = sim.traj.group_id
-            here = served[group]
-            siblings = len(here) - 1
-            if self.spec.seed_siblings:
-                extra = sum(
-                    1 for t, at in self.text_at[group].items() if at <= now and t not in here
-                )
-                siblings = min(siblings + extra, self.group_sizes.get(group, siblings + extra))
+            siblings = self._siblings_here(engine, group, now)
             # The previous iteration's samples of the task: stock vLLM holds those its
             # routing happened to send here (as many as this iteration's); seeded, all.
-            history = max(len(here), seeded_history)
+            history = siblings + 1
+            if group in self.seeded_history[name]:
+                history = max(history, self.spec.seed_history)
             kinds[(siblings, history, _position(sim.traj))] += 1
         return kinds
 

@@ -115,23 +115,30 @@ def test_seeded_siblings_make_colocation_pointless() -> None:
 
 def test_seeded_siblings_count_only_after_their_text_is_pushed() -> None:
     scripts = groups_of([1200] * 8, turns=3)
-    stock = stock_run(scripts, SimSpeculation(SUFFIX, DEFAULT)).run()
-    never = stock_run(
-        scripts, SimSpeculation(SUFFIX, DEFAULT, seed_siblings=True, push_interval_s=1e9)
+    alone = {"colocate_groups": False, "seed_history": 0, "k_table": False}
+    plain = heddle_run(
+        scripts, heddle_speculation(SUFFIX, DEFAULT, seed_siblings=False, **alone)
     ).run()
-    pushed = stock_run(scripts, SimSpeculation(SUFFIX, DEFAULT, seed_siblings=True)).run()
+    late = SimSpeculation(SUFFIX, DEFAULT, seed_siblings=True, push_interval_s=1e9, **alone)
+    never = heddle_run(scripts, late).run()
+    pushed = heddle_run(scripts, heddle_speculation(SUFFIX, DEFAULT, **alone)).run()
     # Texts that never arrive draft nothing; their insertion still costs the engines.
-    assert never.speculation["tokens_per_step"] == stock.speculation["tokens_per_step"]
-    assert never.makespan_s >= stock.makespan_s
-    assert pushed.speculation["tokens_per_step"] > stock.speculation["tokens_per_step"]
+    assert never.speculation["tokens_per_step"] == plain.speculation["tokens_per_step"]
+    assert never.makespan_s >= plain.makespan_s
+    assert pushed.speculation["tokens_per_step"] > plain.speculation["tokens_per_step"]
     assert pushed.speculation["seeded"]["tokens"] > 0
     assert pushed.speculation["seeded"]["engine_s"] > 0
 
 
-def test_history_seeding_gives_every_engine_the_task_history() -> None:
+def test_history_is_seeded_where_it_pays_and_not_for_a_predicted_nothing() -> None:
     scripts = groups_of([1200] * 8)
-    stock = stock_run(scripts, SimSpeculation(SUFFIX, DEFAULT)).run()
-    seeded = stock_run(scripts, SimSpeculation(SUFFIX, DEFAULT, seed_history=16)).run()
-    assert seeded.speculation["tokens_per_step"] > stock.speculation["tokens_per_step"]
-    # 16 samples of 1,200 tokens for each group an engine runs (every engine runs all 8).
-    assert seeded.speculation["seeded"]["tokens"] == 4 * 8 * 16 * 1200
+    stock = stock_run(scripts, SimSpeculation(SUFFIX, DEFAULT, seed_history=16)).run()
+    # verl predicts no remaining length: no insertion is predicted to pay.
+    assert stock.speculation["seeded"]["tokens"] == 0
+    alone = {"colocate_groups": False, "seed_siblings": False, "k_table": False}
+    plain = heddle_run(scripts, heddle_speculation(SUFFIX, DEFAULT, seed_history=0, **alone))
+    seeded = heddle_run(scripts, heddle_speculation(SUFFIX, DEFAULT, **alone)).run()
+    assert seeded.speculation["seeded"]["tokens"] > 0
+    # 16 samples of 1,200 tokens per group, at most once for each engine and group.
+    assert seeded.speculation["seeded"]["tokens"] <= 4 * 8 * 16 * 1200
+    assert seeded.speculation["tokens_per_step"] > plain.run().speculation["tokens_per_step"]
