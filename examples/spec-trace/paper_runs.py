@@ -107,11 +107,11 @@ def issue26_configs() -> list[dict[str, Any]]:
     for w, (cluster, _, _, policy, cap) in WORKLOADS.items():
         rows.append({"workload": w, "cluster": cluster, **small, "policy": policy,
                      "cap": cap, "spec": "suffix:2", "acceptance": "pessimistic"})  # fmt: skip
-    for w in ("search", "math", "coding"):
-        cluster = WORKLOADS[w][0]
-        for name, knobs in ABLATIONS.items():
-            rows.append({"workload": w, "cluster": cluster, **small, **HEDDLE,
-                         "acceptance": "default", "ablation": name, **knobs})  # fmt: skip
+    for size in (small, paper):
+        for w, (cluster, *_rest) in WORKLOADS.items():
+            for name, knobs in ABLATIONS.items():
+                rows.append({"workload": w, "cluster": cluster, **size, **HEDDLE,
+                             "acceptance": "default", "ablation": name, **knobs})  # fmt: skip
     for tau in SENSITIVITY:
         rows.append({"workload": "coding", "cluster": "cluster-tp4", **small, **HEDDLE,
                      "acceptance": tau})  # fmt: skip
