@@ -431,6 +431,7 @@ def seed_pays(
     tokens_per_step_before: float,
     tokens_per_step_after: float,
     k: int = 4,
+    margin: float = 1.5,
 ) -> bool:
     """Whether inserting ``insert_tokens`` into an engine's suffix cache pays.
 
@@ -439,7 +440,10 @@ def seed_pays(
     engine) advance ``tokens_per_step_after`` instead of ``..._before`` per step, and
     each of their tokens costs the engine ``iteration_time / batch`` per step it
     takes. At a full batch a step's time is shared by many requests and an insertion
-    rarely pays; in the tail (few requests, memory-bound) it pays most.
+    rarely pays; in the tail (few requests, memory-bound) it pays most. The saving
+    must exceed the cost ``margin`` times: it rests on two predictions (the remaining
+    length and the acceptance), and at 1.0 the insertions cost more than they saved on
+    the flat workload at 8,192 trajectories (docs/speculation.md, the findings).
     """
     if batch <= 0 or insert_tokens <= 0 or tokens_per_step_after <= tokens_per_step_before:
         return False
@@ -449,4 +453,4 @@ def seed_pays(
         * per_request_step
         * (1.0 / tokens_per_step_before - 1.0 / tokens_per_step_after)
     )
-    return saved > insert_tokens * seconds_per_inserted_token
+    return saved > margin * insert_tokens * seconds_per_inserted_token

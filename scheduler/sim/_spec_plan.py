@@ -10,16 +10,17 @@ math, and the runs came out 28% and 17% behind the best baseline
 (docs/speculation.md). So the decision here compares the plan against the
 routing it would replace, *with speculation*, on a simulation of the pool:
 
-1. Where the session seeds every engine that runs a group member with the
-   siblings' texts (``seed_siblings``), co-location buys no acceptance a
-   scattered group lacks: refused, the pool keeps its routing.
-2. Where the closed form predicts no gain, refused.
-3. A simulation can vouch for a cross-engine placement only where it is the
+1. Where the closed form predicts no gain, refused — unless the session seeds
+   the siblings' texts into every engine that runs a group member
+   (``seed_siblings``): then a scattered group drafts from its siblings too,
+   at the cost of the insertions, which the closed form does not weigh, so
+   only the simulation below decides.
+2. A simulation can vouch for a cross-engine placement only where it is the
    whole pool (the shape planner's rule, sim/_plan.py: a replica with fewer
    engines put Heddle's placement 7% ahead where the pool was 5% behind; here
    the 16-GPU replica of the 64-GPU pool is the very run where co-location
    paid). On a larger pool: refused.
-4. On the whole pool, the workload sketch (the previous rollout, or the
+3. On the whole pool, the workload sketch (the previous rollout, or the
    predictor's prior: never the run's true lengths) runs twice under the
    routing in effect and Heddle's speculation, scattered and co-located;
    co-location is taken only if it finishes sooner by ``margin``.
@@ -76,8 +77,6 @@ def decide_colocation(
     the simulated makespan of the workload sketch under the pool's routing with
     speculation, groups kept whole or not (None: no simulation available, refuse).
     """
-    if siblings_seeded:
-        return ColocationDecision(False, "off (siblings' texts are seeded into every engine)")
     closed = plan_group_colocation(
         groups, engines, seconds_per_token, tokens_per_step_colocated, tokens_per_step_scattered
     )
@@ -86,7 +85,11 @@ def decide_colocation(
         f"{tokens_per_step_colocated:.2f} tokens/step vs {closed.predicted_scattered_s:.0f}s "
         f"scattered at {tokens_per_step_scattered:.2f}"
     )
-    if not closed.colocate:
+    if siblings_seeded:
+        # Seeded, a scattered group drafts from its siblings too, at the cost of the
+        # insertions, which the closed form does not see: only a simulation can say.
+        figures = "siblings seeded: the closed form cannot weigh the insertions"
+    elif not closed.colocate:
         return ColocationDecision(False, f"off ({figures})")
     if not whole_pool or simulate is None:
         return ColocationDecision(

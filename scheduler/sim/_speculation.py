@@ -152,6 +152,7 @@ class EngineSpeculator:
         self._tau: dict[tuple[int, int, int, float], float] = {}  # memo of the model
         self._tables: dict[int, tuple[tuple[int, int], ...]] = {}  # tp -> K by batch size
         self._engines: dict[str, SimEngine] = {}  # the engines it serves, by name
+        self._last_k: dict[str, int] = {}  # engine -> K of its current segment
 
     def _tokens_per_step(self, k: int, siblings: int, history: int, position: float) -> float:
         key = (k, siblings, history, position)
@@ -172,10 +173,14 @@ class EngineSpeculator:
         members = [s for s in engine.running.values() if s.traj.group_id == group]
         if not members:
             return False
+        # At the K the engine drafts with now (0: not drafting at this batch, no gain).
+        k = self._last_k.get(engine.name, 0)
+        if k <= 0:
+            return False
         here = self._siblings_here(engine, group, self._now)
         had = self.spec.seed_history if group in self.seeded_history[engine.name] else 0
-        before = self._tokens_per_step(4, here, max(here + 1, had), 0.0)
-        after = self._tokens_per_step(4, siblings, max(here + 1, had, history), 0.0)
+        before = self._tokens_per_step(k, here, max(here + 1, had), 0.0)
+        after = self._tokens_per_step(k, siblings, max(here + 1, had, history), 0.0)
         return seed_pays(
             self.perf,
             engine.instance.tp,
@@ -186,6 +191,7 @@ class EngineSpeculator:
             remaining_tokens=sum(max(0.0, s.traj.predicted_remaining_tokens) for s in members),
             tokens_per_step_before=before,
             tokens_per_step_after=after,
+            k=k,
         )
 
     def step_ended(self, engine: SimEngine, sim: SimTrajectory, now: float) -> None:
@@ -305,6 +311,7 @@ class EngineSpeculator:
         else:
             k = choose_k(self.perf, engine.instance.tp, batch, engine.running_context, tau)
         self.k_steps[k] += 1
+        self._last_k[engine.name] = k
         return (k, tau(k)) if k else (0, 1.0)
 
 

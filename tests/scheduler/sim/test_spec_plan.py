@@ -107,10 +107,12 @@ def test_colocation_is_refused_where_whole_groups_pile_up() -> None:
     assert forced.run().makespan_s > sim.run().makespan_s
 
 
-def test_seeded_siblings_make_colocation_pointless() -> None:
+def test_with_seeded_siblings_only_a_simulation_of_the_pool_decides() -> None:
+    # The closed form cannot weigh what the insertions cost: the simulation decides.
     spec = heddle_speculation(SUFFIX, DEFAULT, seed_history=0, k_table=False)
     sim = heddle_run(groups_of([1200] * 8), spec)
-    assert sim.colocation.startswith("off (siblings")
+    assert "simulated" in sim.colocation
+    assert "siblings seeded" in sim.colocation
 
 
 def test_seeded_siblings_count_only_after_their_text_is_pushed() -> None:
