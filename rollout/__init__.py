@@ -46,6 +46,7 @@ from ._gateway import (
 from ._gateway_messages import (
     GatewayError,
 )
+from ._groups import Batch, FinishedGroup, GroupStream, LengthReport, length_report
 from ._hosts import (
     ALLOWED_HOSTS_ENV,
     ANY_HOST,
@@ -144,6 +145,7 @@ from ._tasks import (
     read_tasks,
 )
 from ._tools import HermesParser, ToolCallParser, ToolInvocation, ToolsEnvironment
+from ._trainer_api import TrainerServer, create_trainer_app
 
 __all__ = [
     "ALLOWED_HOSTS_ENV",
@@ -159,18 +161,22 @@ __all__ = [
     "TRAJECTORY_HEADER",
     "WORKLOAD_PRESETS",
     "AnswerReward",
+    "Batch",
     "CodeReward",
     "Environment",
     "Episode",
     "ExternalEnvironment",
     "ExternalEpisode",
+    "FinishedGroup",
     "Gateway",
     "GatewayError",
     "GatewayOptions",
+    "GroupStream",
     "HermesParser",
     "HostAllowList",
     "HostRefusedError",
     "HttpReward",
+    "LengthReport",
     "LocalJob",
     "LocalPool",
     "LocalWorkerOptions",
@@ -202,6 +208,7 @@ __all__ = [
     "ToolCallParser",
     "ToolInvocation",
     "ToolsEnvironment",
+    "TrainerServer",
     "TrajectoryRun",
     "TrajectoryStatus",
     "action_ranges",
@@ -214,6 +221,7 @@ __all__ = [
     "confine",
     "convert_records",
     "create_gateway_app",
+    "create_trainer_app",
     "die_with_parent",
     "encode_record",
     "expected_answer",
@@ -224,6 +232,7 @@ __all__ = [
     "guarded_client",
     "is_placeholder",
     "job_workload",
+    "length_report",
     "load_bench_workload",
     "load_cluster",
     "load_workload",
