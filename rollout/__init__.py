@@ -125,8 +125,10 @@ from ._run import (
     read_job_tasks,
     resolve_job,
     run_local,
+    serve_trainer,
     session_config_for,
     trace_path,
+    trainer_file,
 )
 from ._sandbox import SandboxLimits, SandboxResult, run_python
 from ._session import (
@@ -257,11 +259,13 @@ __all__ = [
     "run_local",
     "run_python",
     "same_answer",
+    "serve_trainer",
     "session_config_for",
     "split_trainer_row",
     "step_seed",
     "synthetic_tasks",
     "trace_path",
+    "trainer_file",
     "worker_options",
     "write_export",
 ]

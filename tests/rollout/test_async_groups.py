@@ -7,18 +7,42 @@ trainer takes batches in process (``session.groups``) and over the trainer API.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import json
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from heddle.api import AsynchronySpec, WeightsSpec
-from heddle.client import TrainerClient
-from heddle.rollout import Batch, LocalPool, TrainerServer
+from heddle.rollout import Batch
 from heddle.worker import WorkerEndpoint
 
-from .._rollout_fixtures import read_records
+from .._rollout_fixtures import read_records, start_pool
 from ..worker.test_weights import fake_checkpoint
 from .test_session import _session, _synthetic
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "async" / "stream_groups.py"
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list[WorkerEndpoint]]]:
+    """Two real sim workers for the module; checkpoints go under the returned folder."""
+    tmp = tmp_path_factory.mktemp("async-groups")
+    local, workers = start_pool([1, 1], tmp)
+    try:
+        yield tmp, workers
+    finally:
+        asyncio.run(local.stop())
+
+
+def example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("stream_groups", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _check_batches(batches: list[Batch], records: list[dict], tasks: int, samples: int) -> None:
@@ -39,12 +63,12 @@ def _check_batches(batches: list[Batch], records: list[dict], tasks: int, sample
 
 
 def test_quota_batches_carry_the_tail_over_within_the_bound(
-    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+    pool: tuple[Path, list[WorkerEndpoint]],
 ) -> None:
-    _, workers = sim_pool
-    versions = [WeightsSpec(fake_checkpoint(tmp_path / f"v{n}"), str(n)) for n in range(3)]
+    tmp_path, workers = pool
+    versions = [WeightsSpec(fake_checkpoint(tmp_path / f"q{n}"), str(n)) for n in range(3)]
     tasks, env = _synthetic(6, 2, tool_scale=0.3)
-    out = tmp_path / "out.jsonl"
+    out = tmp_path / "quota.jsonl"
     spec = AsynchronySpec(max_staleness_versions=1, groups_per_iteration=2, over_sample=0.5)
     session = _session(workers, out, tasks, env, 2, weights=versions[0], asynchrony=spec)
     batches: list[Batch] = []
@@ -78,51 +102,28 @@ def test_quota_batches_carry_the_tail_over_within_the_bound(
     assert report.trained == report.started == 12
 
 
-def test_trainer_api_streams_batches_and_takes_pushes(
-    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
-) -> None:
-    _, workers = sim_pool
-    versions = [fake_checkpoint(tmp_path / f"v{n}") for n in range(3)]
-    tasks, env = _synthetic(4, 2, tool_scale=0.3)
-    out = tmp_path / "out.jsonl"
-    spec = AsynchronySpec(max_staleness_versions=1, groups_per_iteration=2, over_sample=0.5)
-    session = _session(
-        workers, out, tasks, env, 2, weights=WeightsSpec(versions[0], "0"), asynchrony=spec
-    )
-    got: list[dict] = []
-
-    async def go() -> None:
-        server = TrainerServer(session, token="secret")
-        url = await server.start()
-        run = asyncio.create_task(session.run())
-        try:
-            async with TrainerClient(url, token="secret") as client:
-                n = 0
-                while (batch := await client.next_batch()) is not None:
-                    got.append(batch)
-                    n += 1
-                    if n < 3:
-                        await client.push_weights(versions[n], str(n))
-                state = await client.state()
-                assert state["taken"] == 4 and state["lengths"]["trained"] == 8
-            await run
-        finally:
-            await server.stop()
-
-    asyncio.run(go())
-    assert [b["weight_version"] for b in got] == ["0", "1"]
-    assert [len(b["groups"]) for b in got] == [2, 2] and got[-1]["last"]
-    assert max(g["staleness"] for b in got for g in b["groups"]) <= 1
-    records = read_records(out)
-    assert len({(r["task_id"], r["sample"]) for r in records}) == len(records) == 8
+def test_the_example_streams_batches_over_http_and_pushes_between_them(tmp_path: Path) -> None:
+    """examples/async/stream_groups.py on a sim worker: the trainer takes three batches over
+    the trainer API with heddle.client.TrainerClient and pushes two versions over HTTP."""
+    module = example()
+    summary = tmp_path / "summary.json"
+    args = module.parse(["--out", str(tmp_path / "out"), "--summary", str(summary)])
+    assert asyncio.run(module.main(args)) == 0
+    got = json.loads(summary.read_text())
+    assert got["wrong"] == [] and got["records"] == 12 and got["pushes"] == 2
+    assert [b["weight_version"] for b in got["batches"]] == ["0", "1", "2"]
+    assert max(s for b in got["batches"] for s in b["staleness"]) <= 1
+    lengths = got["lengths"]
+    assert lengths["trained"] == lengths["started"] == 12
+    assert lengths["trained_mean_tokens"] == pytest.approx(lengths["started_mean_tokens"])
 
 
 def test_without_a_quota_groups_stream_as_they_complete(
-    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+    pool: tuple[Path, list[WorkerEndpoint]],
 ) -> None:
-    _, workers = sim_pool
+    tmp_path, workers = pool
     tasks, env = _synthetic(4, 3, tool_scale=0.2)
-    out = tmp_path / "out.jsonl"
+    out = tmp_path / "stream.jsonl"
     session = _session(workers, out, tasks, env, 3)
     groups = []
 
@@ -162,3 +163,46 @@ def test_over_sample_needs_a_quota_and_both_are_parsed() -> None:
     )
     with pytest.raises(ManifestError, match="groupsPerIteration"):
         RolloutJobSpec.from_manifest(_with(JOB, "spec.asynchrony", {"groupsPerIteration": 0}))
+
+
+def test_heddle_run_serves_the_trainer_api(tmp_path: Path) -> None:
+    """`heddle run --trainer-port 0`: a trainer in another process takes the batches."""
+    import subprocess
+    import sys
+
+    from heddle.client import TrainerClient
+
+    synthetic = Path(__file__).resolve().parents[2] / "examples" / "synthetic"
+    (tmp_path / "job.yaml").write_text(
+        "apiVersion: heddle.dev/v1alpha1\nkind: RolloutJob\nmetadata: {name: run-trainer}\n"
+        "spec:\n  enginePool: tiny\n  samplesPerTask: 2\n"
+        f"  environment: {{type: synthetic, synthetic: {{workload: {synthetic}/workload.yaml, "
+        "toolTimeScale: 0.2}}\n"
+        "  asynchrony: {groupsPerIteration: 4, overSample: 0.5}\n"
+        "  output: {path: out.jsonl}\n"
+    )
+    cmd = [sys.executable, "-m", "heddle", "run", str(tmp_path / "job.yaml"), "--pool",
+           str(synthetic / "pool.yaml"), "--engine", "sim", "--time-scale", "0.05", "--quiet",
+           "--trainer-port", "0"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline(), proc.stdout.readline()]
+        assert lines[0].startswith("trainer API: "), [*lines, proc.stderr.read()[-2000:]]
+        url, token = lines[0].split()[2], lines[1].split()[2]
+        info = json.loads((tmp_path / "out.jsonl.trainer.json").read_text())
+        assert info["url"] == url and info["token"] == token
+
+        async def take() -> list[dict]:
+            async with TrainerClient(url, token=token, poll_s=5.0) as client:
+                return [batch async for batch in client.batches()]
+
+        batches = asyncio.run(take())
+        assert proc.wait(timeout=120) == 0
+    finally:
+        proc.kill()
+    assert [len(b["groups"]) for b in batches] == [4, 4, 4, 4] and batches[-1]["last"]
+    records = read_records(tmp_path / "out.jsonl")
+    taken = [g["task_id"] for b in batches for g in b["groups"]]
+    assert [r["task_id"] for r in records] == [t for t in taken for _ in range(2)]
+    assert not (tmp_path / "out.jsonl.trainer.json").exists()
