@@ -3,7 +3,7 @@ iterations, weights pushed mid-rollout over the trainer API.
 
 examples/async/stream_groups.py with one SmolLM2-135M-Instruct worker: 6 GRPO groups
 of 2, a quota of 2 groups an iteration with overSample 0.5 (a third group runs beside
-each batch and carries over), 16 tokens a turn, up to 3 turns with tool gaps. A push
+each batch and carries over), 8 tokens a turn, up to 3 turns with tool gaps. A push
 loads a checkpoint in place through the worker's ``POST /v1/weights``: versions 1 and
 2 are folders of links to the same weights (the worker API reloads whatever the
 folder holds; new numbers on the same weights keep the test small).
@@ -35,6 +35,7 @@ def test_three_iterations_with_pushes_on_the_real_model(tmp_path: Path) -> None:
     ensure_smollm2(install=False)
     summary = tmp_path / "summary.json"
     cmd = [sys.executable, str(EXAMPLE), "--engine", "vllm", "--model", "smollm2",
+           "--max-tokens", "8", "--train-s", "0.2",
            "--out", str(tmp_path / "out"), "--summary", str(summary)]  # fmt: skip
     started = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
