@@ -247,10 +247,10 @@ class GroupStream:
 
     def written(self, run: Any, record: OutputRecord) -> None:
         """Without a quota: a record the session wrote; its group goes out once whole."""
-        self.started_tokens.append(generated_tokens(record))
         group = self._groups.get(run.task_index)
         if group is None or not self.followed:
-            return
+            return  # no trainer follows: nothing to count or keep
+        self.started_tokens.append(generated_tokens(record))
         group.records[run.sample] = record
         if len(group.records) == group.size:
             group.completed = self._completions
