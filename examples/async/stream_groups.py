@@ -270,7 +270,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tool-scale", type=float, default=0.3, help="tool latency x")
     p.add_argument("--time-scale", type=float, default=0.05, help="sim engine's time x")
     p.add_argument("--train-s", type=float, default=0.5, help="seconds the stand-in trains")
-    p.add_argument("--out", type=Path, default=HERE / "out-stream")
+    p.add_argument("--out", type=Path, default=HERE / "out" / "stream-groups")
     p.add_argument("--summary", type=Path, default=None, help="write the figures as JSON here")
     args = p.parse_args(argv)
     if args.tasks % args.quota or args.tasks // args.quota != ITERATIONS:
