@@ -486,13 +486,27 @@ class AsynchronySpec:
 
     max_staleness_versions: int = 1
     past_bound: str = "restart"
+    # The trainer's batch in GRPO groups (the quota that ends an iteration); None: the
+    # session writes every record as it finishes and no iteration is cut.
+    groups_per_iteration: int | None = None
+    # Groups started beyond the quota, as a fraction of it: up to ceil(quota x (1 + this))
+    # groups run that the trainer has not taken (docs/async.md, "Over-sampling").
+    over_sample: float = 0.0
 
 
 def _asynchrony(a: Fields) -> AsynchronySpec:
+    quota = a.integer("groupsPerIteration", 0, minimum=1) if a.has("groupsPerIteration") else None
     spec = AsynchronySpec(
         max_staleness_versions=a.integer("maxStalenessVersions", 1, minimum=0),
         past_bound=a.choice("pastBound", PAST_BOUND, "restart"),
+        groups_per_iteration=quota,
+        over_sample=a.number("overSample", 0.0, minimum=0.0, maximum=4.0),
     )
+    if quota is None and a.has("overSample"):
+        raise ManifestError(
+            f"{a.where('overSample')} needs {a.where('groupsPerIteration')}: over-sampling "
+            "starts groups beyond the quota of groups an iteration trains on"
+        )
     a.done()
     return spec
 

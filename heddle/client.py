@@ -19,5 +19,6 @@ from __future__ import annotations
 
 from heddle._rollout_client import Group, Rollout
 from heddle._runs import ClusterAccess, RolloutProgress
+from heddle._trainer_client import TrainerClient
 
-__all__ = ["ClusterAccess", "Group", "Rollout", "RolloutProgress"]
+__all__ = ["ClusterAccess", "Group", "Rollout", "RolloutProgress", "TrainerClient"]

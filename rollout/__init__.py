@@ -46,6 +46,7 @@ from ._gateway import (
 from ._gateway_messages import (
     GatewayError,
 )
+from ._groups import Batch, FinishedGroup, GroupStream, LengthReport, length_report
 from ._hosts import (
     ALLOWED_HOSTS_ENV,
     ANY_HOST,
@@ -124,8 +125,10 @@ from ._run import (
     read_job_tasks,
     resolve_job,
     run_local,
+    serve_trainer,
     session_config_for,
     trace_path,
+    trainer_file,
 )
 from ._sandbox import SandboxLimits, SandboxResult, run_python
 from ._session import (
@@ -144,6 +147,7 @@ from ._tasks import (
     read_tasks,
 )
 from ._tools import HermesParser, ToolCallParser, ToolInvocation, ToolsEnvironment
+from ._trainer_api import TrainerServer, create_trainer_app
 
 __all__ = [
     "ALLOWED_HOSTS_ENV",
@@ -159,18 +163,22 @@ __all__ = [
     "TRAJECTORY_HEADER",
     "WORKLOAD_PRESETS",
     "AnswerReward",
+    "Batch",
     "CodeReward",
     "Environment",
     "Episode",
     "ExternalEnvironment",
     "ExternalEpisode",
+    "FinishedGroup",
     "Gateway",
     "GatewayError",
     "GatewayOptions",
+    "GroupStream",
     "HermesParser",
     "HostAllowList",
     "HostRefusedError",
     "HttpReward",
+    "LengthReport",
     "LocalJob",
     "LocalPool",
     "LocalWorkerOptions",
@@ -202,6 +210,7 @@ __all__ = [
     "ToolCallParser",
     "ToolInvocation",
     "ToolsEnvironment",
+    "TrainerServer",
     "TrajectoryRun",
     "TrajectoryStatus",
     "action_ranges",
@@ -214,6 +223,7 @@ __all__ = [
     "confine",
     "convert_records",
     "create_gateway_app",
+    "create_trainer_app",
     "die_with_parent",
     "encode_record",
     "expected_answer",
@@ -224,6 +234,7 @@ __all__ = [
     "guarded_client",
     "is_placeholder",
     "job_workload",
+    "length_report",
     "load_bench_workload",
     "load_cluster",
     "load_workload",
@@ -248,11 +259,13 @@ __all__ = [
     "run_local",
     "run_python",
     "same_answer",
+    "serve_trainer",
     "session_config_for",
     "split_trainer_row",
     "step_seed",
     "synthetic_tasks",
     "trace_path",
+    "trainer_file",
     "worker_options",
     "write_export",
 ]

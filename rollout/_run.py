@@ -55,6 +55,7 @@ from ._rewards import make_scorer
 from ._session import RolloutSession, SessionConfig, SessionResult
 from ._tasks import TaskSet, read_tasks
 from ._tools import ToolsEnvironment
+from ._trainer_api import TrainerServer
 
 __all__ = [
     "GATEWAY_TOKEN_ENV",
@@ -71,8 +72,10 @@ __all__ = [
     "read_job_tasks",
     "resolve_job",
     "run_local",
+    "serve_trainer",
     "session_config_for",
     "trace_path",
+    "trainer_file",
 ]
 
 log = logging.getLogger("heddle.run")
@@ -419,11 +422,16 @@ async def run_local(
     metrics: SessionMetrics | None = None,
     gateway: GatewayOptions | None = None,
     on_gateway: Callable[[str, str], None] | None = None,
+    trainer: GatewayOptions | None = None,
+    on_trainer: Callable[[str, str], None] | None = None,
 ) -> tuple[dict[str, Any], SessionResult]:
     """Start the pool, run the session, stop the pool (also on error or cancellation).
 
     An ``external`` job serves its gateway meanwhile: ``on_gateway(url, token)``
     hears where, and ``OUTPUT.gateway.json`` (readable by its owner only) says it too.
+    With ``trainer`` the session serves its trainer API (docs/async.md, "Streaming
+    groups"): a trainer takes the finished groups; ``on_trainer(url, token)`` and
+    ``OUTPUT.trainer.json`` say where.
     """
     perf = perf_model_for(local.pool, options)
     plan = plan_pool(local, perf)
@@ -436,6 +444,7 @@ async def run_local(
         options = replace(options, weights_roots=(*options.weights_roots, folder))
     pool = LocalPool(shape.tps(), options)
     served: Gateway | None = None
+    trainer_api: TrainerServer | None = None
     session_ended = False
     try:
         workers = await pool.start()
@@ -455,10 +464,17 @@ async def run_local(
             on_progress=on_progress,
             metrics=metrics,
         )
+        if trainer is not None:
+            trainer_api = await serve_trainer(session, local, trainer)
+            if on_trainer is not None:
+                on_trainer(trainer_api.url, trainer_api.token)
         result = await session.run()
         session_ended = True
     finally:
         sink.close()  # the session closed it already unless it never ran
+        if trainer_api is not None:
+            await asyncio.shield(trainer_api.stop())
+            trainer_file(local.output).unlink(missing_ok=True)
         if served is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 if session_ended:  # not on Ctrl-C or an error: then it goes at once
@@ -536,6 +552,30 @@ def session_config_for(job: RolloutJobSpec, base: SessionConfig | None = None) -
 def trace_path(output: Path) -> Path:
     """Where the token trace of an output goes: ``rollout.jsonl`` -> ``rollout.trace.jsonl``."""
     return output.with_name(output.stem + ".trace.jsonl")
+
+
+def trainer_file(output: Path) -> Path:
+    """Where a local run serving the trainer API writes its URL and token."""
+    return output.with_name(output.name + ".trainer.json")
+
+
+async def serve_trainer(
+    session: RolloutSession, local: LocalJob, options: GatewayOptions
+) -> TrainerServer:
+    """The session's trainer API, and ``OUTPUT.trainer.json`` (owner-only) saying where."""
+    server = TrainerServer(session, host=options.host, port=options.port)
+    url = await server.start()
+    path = trainer_file(local.output)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"job": local.job.name, "url": url, "token": server.token}, f)
+            f.write("\n")
+    except OSError as exc:
+        await server.stop()
+        raise OutputError(f"cannot write the trainer API file {path}: {exc.strerror}") from exc
+    return server
 
 
 def gateway_file(output: Path) -> Path:

@@ -58,6 +58,7 @@ from heddle.worker import HttpPool, StepReply, WorkerClient, WorkerEndpoint, tra
 
 from ._admission import AdmissionWindow
 from ._environments import Environment, Outcome, ParsedCalls
+from ._groups import GroupStream
 from ._output import OutputSink, record_key
 from ._output_record import OutputRecord, TrajectoryStatus
 from ._progress import Progress, SessionMetrics, TokenRate
@@ -175,6 +176,15 @@ class RolloutSession:
         self._pushes = 0
         self.past_bound_restarts = 0
         self.past_bound_drops = 0
+        # Finished groups for a trainer, the quota and the carry-over (rollout/_groups.py).
+        self.groups = GroupStream(
+            asynchrony,
+            write=self._write_now,
+            drop=self._drop_stale,
+            place=lambda version: None if version is None else self._version_index.get(version),
+            pushes=lambda: self._pushes,
+            version=lambda: self.weights.spec.version if self.weights.spec else None,
+        )
         self._live: set[str] = set(self._endpoints) if weights is None else set()
         self._draining: set[str] = set()
         self._strikes: dict[str, int] = {}
@@ -253,6 +263,7 @@ class RolloutSession:
             self._live.discard(name)
             self.weights.forget(name)
             self.weights.request(name)
+        self.groups.pushed()  # finished members of untaken groups may now be past the bound
 
     def _past_bound(self, run: TrajectoryRun) -> str | None:
         """The version of ``run``'s oldest step when it is past the staleness bound, else None."""
@@ -387,6 +398,10 @@ class RolloutSession:
         for run in self.runs.values():
             run.traj.prompt_tokens = _prompt_estimate(run.pending)
             self._predict(run)
+        sizes: dict[int, int] = {}
+        for run in self.runs.values():
+            sizes[run.task_index] = sizes.get(run.task_index, 0) + 1
+        self.groups.begin(sizes)
         self.environment.begin()
         view = self._view()
         if self.runs and view is not None:
@@ -428,6 +443,7 @@ class RolloutSession:
             for http in pools:
                 await http.aclose()
             try:
+                self.groups.close()  # held records (a quota's) go to the output
                 if deadline_hit:
                     self._truncate_unfinished()
             finally:
@@ -510,11 +526,36 @@ class RolloutSession:
 
     # -- one trajectory ------------------------------------------------------------------
     async def _in_slot(self, run: TrajectoryRun) -> None:
-        """:meth:`_trajectory` within the in-flight cap (tasks queue for a slot in task order)."""
-        if self._slots is None:
-            return await self._trajectory(run)
-        async with self._slots:
-            return await self._trajectory(run)
+        """:meth:`_trajectory` within the in-flight cap (tasks queue for a slot in task order),
+        once its group may start; again while the group stream says it fell past the bound."""
+        await self.groups.admitted(run.task_index)
+        while True:
+            if self._slots is None:
+                await self._trajectory(run)
+            else:
+                async with self._slots:
+                    await self._trajectory(run)
+            settled = self.groups.finished(run)
+            if settled is None or not await settled:
+                return
+            self._run_again(run)
+
+    def _run_again(self, run: TrajectoryRun) -> None:
+        """A finished trajectory past the staleness bound starts afresh (pastBound restart)."""
+        self.past_bound_restarts += 1
+        run.past_bound_restarts += 1
+        run.status, run.finish_reason, run.error = TrajectoryStatus.RUNNING, "", None
+        run.reward = run.reward_info = run.reward_error = None
+        run.restart()
+        run.pending = list(run.task.messages)
+        run.episode = self.environment.episode(run.task, run.task_index, run.sample, run.traj.id)
+        self._predict(run)
+
+    def _drop_stale(self, run: TrajectoryRun, reason: str) -> None:
+        """A finished trajectory past the bound becomes a failed placeholder (pastBound drop)."""
+        if run.finish_reason != "past_bound":
+            self.past_bound_drops += 1
+        run.status, run.finish_reason, run.error = TrajectoryStatus.FAILED, "past_bound", reason
 
     async def _trajectory(self, run: TrajectoryRun) -> None:
         await self.weights.ready.wait()
@@ -866,6 +907,11 @@ class RolloutSession:
         return record
 
     def _write(self, run: TrajectoryRun) -> None:
+        if self.groups.holds and not self.groups.closed:
+            return  # written when its group is taken (GroupStream.finished)
+        self.groups.written(run, self._write_now(run))
+
+    def _write_now(self, run: TrajectoryRun) -> OutputRecord:
         record = self._record(run)
         if self.sink.write(record):
             self._finished["failed" if run.status == "failed" else "done"] += 1
@@ -873,6 +919,7 @@ class RolloutSession:
                 self.trace.write(run.trace_line(record))
         run.episode.finished(run.status, run.finish_reason)
         run.forget_history()
+        return record
 
     def _release_later(self, worker: str, trajectory_id: str) -> None:
         client = self._clients.get(worker)

@@ -62,6 +62,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         metrics = SessionMetrics()
         start_http_server(args.metrics_port, registry=metrics.registry)
     gateway = GatewayOptions(args.gateway_host, args.gateway_port)
+    trainer = None if args.trainer_port is None else GatewayOptions(args.gateway_host,
+                                                                    args.trainer_port)  # fmt: skip
     try:
         summary, _ = asyncio.run(
             run_local(
@@ -71,6 +73,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 metrics=metrics,
                 gateway=gateway,
                 on_gateway=_print_gateway(local.job.name, local.pool.model),
+                trainer=trainer,
+                on_trainer=_print_trainer,
             )
         )
     finally:
@@ -104,6 +108,13 @@ def _print_gateway(job: str, model: str) -> Any:
         sys.stdout.flush()
 
     return show
+
+
+def _print_trainer(url: str, token: str) -> None:
+    # On stdout before any progress, as the gateway's: a trainer's launcher reads them.
+    print(f"trainer API: {url}  (finished groups and weight pushes: heddle.client.TrainerClient)")
+    print(f"trainer token: {token}")
+    sys.stdout.flush()
 
 
 def _print_summary(s: dict[str, Any]) -> None:
@@ -207,6 +218,13 @@ def add_run_parser(sub: Any) -> None:
         type=int,
         default=0,
         help="external jobs: the gateway's port (default: a free one, printed)",
+    )
+    p.add_argument(
+        "--trainer-port",
+        type=int,
+        default=None,
+        help="serve the trainer API here (0: a free port, printed; on --gateway-host): a "
+        "trainer takes the finished groups and pushes weights (docs/async.md)",
     )
     p.set_defaults(func=_cmd_run)
 

@@ -1,0 +1,95 @@
+"""The trainer's side of a running session's trainer API (docs/async.md, "Streaming groups").
+
+    async with TrainerClient(url, token=token) as client:
+        async for batch in client.batches():        # groupsPerIteration groups, as they complete
+            train_on(batch)
+            await client.push_weights(next_checkpoint, version)
+
+Each call is a long poll that the client repeats until something comes or the
+stream ends, so a trainer waits as long as its rollout needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from heddle.exceptions import ConfigError, HeddleError
+
+__all__ = ["TrainerClient"]
+
+
+class TrainerClient:
+    """Finished groups, batches and weight pushes over a session's trainer API."""
+
+    def __init__(self, url: str, *, token: str, poll_s: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        self.poll_s = poll_s
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=httpx.Timeout(poll_s + 30.0, connect=10.0),
+        )
+
+    async def __aenter__(self) -> TrainerClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        try:
+            reply = await self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise HeddleError(f"the trainer API at {self.url} did not answer ({exc!r})") from None
+        if reply.status_code == 400:
+            raise ConfigError(reply.json()["error"]["message"])
+        if reply.status_code != 200:
+            raise HeddleError(f"the trainer API at {self.url} answered {reply.status_code}: "
+                              f"{reply.text[:200]}")  # fmt: skip
+        body: dict[str, Any] = reply.json()
+        return body
+
+    async def next_group(self) -> dict[str, Any] | None:
+        """The next complete group (task_id, records by sample, completed, staleness); None
+        once the stream has ended."""
+        while True:
+            body = await self._call("GET", "/v1/groups/next", params={"timeout_s": self.poll_s})
+            if body["group"] is not None or body["end"]:
+                group: dict[str, Any] | None = body["group"]
+                return group
+
+    async def next_batch(self) -> dict[str, Any] | None:
+        """The next iteration's groups (iteration, weight_version, groups, last); None: ended."""
+        while True:
+            body = await self._call("GET", "/v1/batches/next", params={"timeout_s": self.poll_s})
+            if body["batch"] is not None or body["end"]:
+                batch: dict[str, Any] | None = body["batch"]
+                return batch
+
+    async def groups(self) -> AsyncIterator[dict[str, Any]]:
+        while (group := await self.next_group()) is not None:
+            yield group
+
+    async def batches(self) -> AsyncIterator[dict[str, Any]]:
+        while (batch := await self.next_batch()) is not None:
+            yield batch
+
+    async def push_weights(self, path: str, version: str | int) -> dict[str, Any]:
+        """New weights under the running rollout; every step from now on names ``version``."""
+        return await self._call("POST", "/v1/weights", json={"path": path, "version": version})
+
+    async def release(self) -> dict[str, Any]:
+        """Take no more: the session writes the rest as it completes, and can end."""
+        return await self._call("POST", "/v1/release")
+
+    async def state(self) -> dict[str, Any]:
+        return await self._call("GET", "/v1/stream")

@@ -1,0 +1,195 @@
+"""The trainer's HTTP API on a running session: finished groups, batches, weight pushes.
+
+Routes (docs/async.md, "Streaming groups"), every one but ``/healthz`` behind a
+bearer token:
+
+- ``GET /v1/groups/next?timeout_s=30``: the next complete GRPO group in
+  completion order, each whole (``{"group": ..., "end": false}``), or
+  ``{"group": null, "end": ...}`` when none came in time (``end``: none will).
+- ``GET /v1/batches/next?timeout_s=30``: the next iteration's
+  ``spec.asynchrony.groupsPerIteration`` groups (``{"batch": ..., "end": ...}``).
+- ``POST /v1/weights`` ``{"path", "version"}``: push new weights under the
+  running rollout (``RolloutSession.push_weights``).
+- ``POST /v1/release``: the trainer takes no more; the rest is written as it completes.
+- ``GET /v1/stream``: counts, the version, and the length report.
+
+Long polls rather than a server-sent stream: a trainer takes a group when it is
+ready for one, and a group handed out is taken (written to the output), so
+nothing sits in a socket buffer when a trainer dies. A small Starlette app in
+the session's process, served like the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import socket
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from heddle.api import WeightsSpec
+from heddle.exceptions import ConfigError, HeddleError
+
+from ._gateway import _Server
+from ._session import RolloutSession
+
+__all__ = ["TrainerServer", "create_trainer_app"]
+
+MAX_WAIT_S = 300.0  # one long poll at most; the client asks again
+
+
+def _refuse(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "status": status}}, status_code=status)
+
+
+def create_trainer_app(session: RolloutSession, token: str) -> Starlette:
+    """The trainer's ASGI app over ``session``'s group stream."""
+    stream = session.groups
+
+    def authorised(request: Request) -> bool:
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        sent = given.strip().encode("utf-8", "surrogateescape")
+        return scheme.lower() == "bearer" and secrets.compare_digest(sent, token.encode())
+
+    def wait_of(request: Request) -> float:
+        raw = request.query_params.get("timeout_s", "30")
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(f"timeout_s={raw!r} must be a number of seconds") from None
+        if not 0 <= value <= MAX_WAIT_S:
+            raise ConfigError(f"timeout_s={value:g} must be in [0, {MAX_WAIT_S:g}]")
+        return value
+
+    def guarded(handler: Any) -> Any:
+        async def run(request: Request) -> Response:
+            if not authorised(request):
+                return _refuse(401, "send the trainer API's token: 'Authorization: Bearer TOKEN'")
+            try:
+                return await handler(request)  # type: ignore[no-any-return]
+            except HeddleError as exc:  # bad input: one sentence
+                return _refuse(400, str(exc))
+
+        return run
+
+    async def next_group(request: Request) -> Response:
+        group = await stream.next_group(wait_of(request))
+        body = None if group is None else group.as_json()
+        return JSONResponse({"group": body, "end": group is None and stream.ended})
+
+    async def next_batch(request: Request) -> Response:
+        batch = await stream.next_batch(wait_of(request))
+        body = None if batch is None else batch.as_json()
+        return JSONResponse({"batch": body, "end": batch is None and stream.ended})
+
+    async def weights(request: Request) -> Response:
+        try:
+            body = json.loads(await request.body() or b"{}")
+        except ValueError as exc:
+            raise ConfigError(f"the body is not valid JSON ({exc})") from None
+        path, version = (
+            (body.get("path"), body.get("version"))
+            if isinstance(body, dict)
+            else (
+                None,
+                None,
+            )
+        )
+        if not isinstance(path, str) or not path or not isinstance(version, str | int):
+            raise ConfigError('send {"path": CHECKPOINT_DIR, "version": STRING_OR_INT}')
+        if isinstance(version, bool):
+            raise ConfigError("version must be a string or an integer, not a boolean")
+        session.push_weights(WeightsSpec(path, str(version)))
+        return JSONResponse({"weight_version": str(version), "state": stream.state()})
+
+    async def release(request: Request) -> Response:
+        stream.release()
+        return JSONResponse(stream.state())
+
+    async def state(request: Request) -> Response:
+        return JSONResponse(stream.state())
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "job": session.job})
+
+    return Starlette(
+        routes=[
+            Route("/v1/groups/next", guarded(next_group), methods=["GET"]),
+            Route("/v1/batches/next", guarded(next_batch), methods=["GET"]),
+            Route("/v1/weights", guarded(weights), methods=["POST"]),
+            Route("/v1/release", guarded(release), methods=["POST"]),
+            Route("/v1/stream", guarded(state), methods=["GET"]),
+            Route("/healthz", healthz, methods=["GET"]),
+        ]
+    )
+
+
+class TrainerServer:
+    """The trainer API on ``host:port`` (0: a free port) in the running event loop.
+
+    Starting it tells the session a trainer takes the groups (none is taken for it).
+    """
+
+    def __init__(
+        self,
+        session: RolloutSession,
+        *,
+        token: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self.session = session
+        self.token = token or secrets.token_urlsafe(24)
+        self.host, self.port = host, port
+        config = uvicorn.Config(
+            create_trainer_app(session, self.token),
+            host=host,
+            port=port,
+            log_level="warning",
+            lifespan="off",
+            timeout_keep_alive=int(MAX_WAIT_S) + 30,
+        )
+        self._server = _Server(config)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> str:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            sock.close()
+            raise ConfigError(
+                f"the trainer API cannot listen on {self.host}:{self.port} ({exc.strerror}); "
+                "pick another port"
+            ) from None
+        self.port = int(sock.getsockname()[1])
+        self.session.groups.follow()
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="trainer-api")
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+                raise ConfigError(f"the trainer API on {self.host}:{self.port} stopped at start")
+            await asyncio.sleep(0.02)
+        return self.url
+
+    async def stop(self) -> None:
+        if self._task is None:
+            return
+        self._server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None
