@@ -15,9 +15,11 @@ import asyncio
 import math
 import time
 from array import array
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
+
+import numpy as np
 
 from heddle.scheduler import TRACE_FORMAT, TRACE_VERSION, Trajectory, TrajectoryState
 from heddle.worker import StepReply
@@ -93,10 +95,10 @@ class TrajectoryRun:
             self.tool_output_tokens.append(appended)
             if want_logprobs:
                 self.logprobs.frombytes(bytes(8 * appended))
-        self.tokens.extend(reply.appended_token_ids)
+        _extend(self.tokens, reply.appended_token_ids)
         self.mask.frombytes(bytes(appended))
         start = len(self.tokens) - (self.prompt_len or 0)
-        self.tokens.extend(reply.token_ids)
+        _extend(self.tokens, reply.token_ids)
         self.mask.frombytes(b"\x01" * generated)
         self.segments.append((weight_version, start, start + generated))
         if want_logprobs:
@@ -104,7 +106,7 @@ class TrajectoryRun:
             # A logprob JSON cannot carry (-inf, NaN) arrives as null: kept as NaN here,
             # written as null again (record()). Most steps have none: no copy then.
             got = [_NAN if x is None else x for x in raw] if None in raw else raw
-            self.logprobs.extend(cast("list[float]", got))
+            _extend(self.logprobs, cast("list[float]", got))
             self.logprobs.frombytes(bytes(8 * max(0, generated - len(got))))
         if self.steps is not None:
             now = time.time()
@@ -263,7 +265,7 @@ class TrajectoryRun:
             "reward_error": self.reward_error,
         }
         if want_logprobs:
-            rec["response_logprobs"] = [None if math.isnan(x) else x for x in self.logprobs]
+            rec["response_logprobs"] = _with_nulls(self.logprobs)
         if self.speculation is not None:
             s = self.speculation
             rec["speculation"] = {
@@ -275,3 +277,24 @@ class TrajectoryRun:
                 ),
             }
         return rec
+
+
+def _extend(history: array[Any], values: Sequence[Any]) -> None:
+    """``history.extend(values)``; from a list (what the client decodes) in one resize,
+    2-3x faster than ``extend``'s item-by-item growth (measured: 200 ids, 40 -> 16 µs)."""
+    if type(values) is list:
+        history.fromlist(values)
+    else:
+        history.extend(values)
+
+
+def _with_nulls(logprobs: array[float]) -> list[float | None]:
+    """The logprobs as a list, NaN (a logprob JSON could not carry) as None.
+
+    One per generated token of every finished record: the common case, no NaN,
+    is found in numpy (the per-token Python test was the record's main cost).
+    """
+    values = cast("list[float | None]", logprobs.tolist())
+    if not np.isnan(np.frombuffer(logprobs, dtype=np.float64)).any():
+        return values
+    return [None if x is not None and math.isnan(x) else x for x in values]

@@ -321,44 +321,20 @@ class ProfiledPerfModel(PerfModel):
     def _fixed_time(self, batch: int, tp: int, draft_tokens: int = 0) -> float:
         return self._decode(batch * (draft_tokens + 1), tp)[0]
 
-    def _verify_terms(self, batch: int, tp: int, draft_tokens: int) -> tuple[float, float]:
-        """(fixed, per context token) of a step verifying ``draft_tokens`` drafts per sequence.
+    def _roofline_terms(
+        self, batch: int, tp: int, draft_tokens: int = 0
+    ) -> tuple[float, float, float, float]:
+        """The measured step, linear in context: both roofline sides are the fit's slope.
 
+        :class:`PerfModel`'s ``iteration_time`` and ``segment_time`` then give
+        ``fixed + slope * context`` and its exact sum, with ``fixed`` from :meth:`_fixed_time`.
         The measured per-sequence cost is compute, so it counts every query token:
         the fixed part at ``batch * (k + 1)`` sequences. Attention is costed as
         ``k + 1`` queries over each context: on the CPU build it is compute, not a
         read shared by the queries (the conservative choice for speculation).
         """
-        queries = draft_tokens + 1
-        fixed = self._decode(batch * queries, tp)[0]
-        slope = self._decode(batch, tp)[1] * queries
-        return fixed, slope
-
-    def iteration_time(
-        self, batch: int, context_tokens: float, tp: int, draft_tokens: int = 0
-    ) -> float:
-        if batch <= 0:
-            return 0.0
-        fixed, slope = self._verify_terms(batch, tp, draft_tokens)
-        return fixed + slope * context_tokens
-
-    def segment_time(
-        self,
-        batch: int,
-        context_tokens: float,
-        tp: int,
-        iterations: int,
-        draft_tokens: int = 0,
-        tokens_per_step: float = 1.0,
-    ) -> float:
-        """Exact sum of :meth:`iteration_time` over steps whose context grows by
-        ``batch * tokens_per_step``."""
-        if iterations <= 0 or batch <= 0:
-            return 0.0
-        fixed, slope = self._verify_terms(batch, tp, draft_tokens)
-        k = iterations
-        growth = batch * tokens_per_step
-        return k * fixed + slope * (k * context_tokens + growth * k * (k - 1) / 2.0)
+        slope = self._decode(batch, tp)[1] * (draft_tokens + 1)
+        return 0.0, slope, 0.0, slope
 
     def prefill_time(self, tokens: int, tp: int) -> float:
         fit = self.profile.prefill.get(tp)

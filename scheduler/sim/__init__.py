@@ -18,9 +18,9 @@ from ._iterations import (
     iteration_policy,
     stream_of,
 )
-from ._plan import SimulatedShapePlanner, workload_sketch
+from ._plan import workload_sketch
 from ._results import SimResult
-from ._simulator import PlannerCost, SimConfig, Simulator
+from ._simulator import PlannerCost, SimConfig, SimulatedShapePlanner, Simulator
 from ._speculation import (
     EngineSpeculator,
     GroupStickyPlacement,

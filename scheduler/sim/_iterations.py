@@ -28,7 +28,6 @@ the policies and the sources of every constant.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -45,7 +44,7 @@ from .._policies import get_policy
 from .._types import PoolShape, Trajectory, TrajectoryState
 from .._workload import TrajectoryScript
 from ._entities import SimEngine, SimTrajectory, drop_caches, interrupt_engine, requeue
-from ._simulator import SimConfig, Simulator
+from ._simulator import _MERGED, _MIGRATED, _PLANNED, _REPLAN, SimConfig, Simulator
 
 __all__ = [
     "ITERATION_POLICIES",
@@ -57,8 +56,9 @@ __all__ = [
     "stream_of",
 ]
 
-_WAKE, _TOOL, _MIGRATED, _REPLAN, _ARRIVE, _PLANNED, _READY, _MERGED = range(8)
-_RESUME, _TRAINED = 100, 101  # this module's own events
+_RESUME, _TRAINED, _TRAINER_FREE = 100, 101, 102  # this module's own events
+_OWN_EVENTS = {_RESUME: "resume", _TRAINED: "trained", _TRAINER_FREE: "trainer-free"}
+_PLANNER_EVENTS = (_MIGRATED, _REPLAN, _PLANNED, _MERGED)
 
 
 @dataclass(frozen=True)
@@ -473,7 +473,7 @@ class IterationSimulator(Simulator):
         self.trained_versions += 1
         sync = self.trainer.sync_s(self.perf.model)
         self._pause_engines(now, sync)
-        self._push(now + sync, _TRAINED + 1, "")  # the trainer is free again
+        self._push(now + sync, _TRAINER_FREE, "")  # the trainer is free again
         self.step_end_s.append(now)
         self._admit_groups(now)
 
@@ -528,45 +528,34 @@ class IterationSimulator(Simulator):
             self._fill_colocated(now)
         else:
             self._admit_groups(now)
-        events, reported = 0, 0
-        while len(self.step_end_s) < self.iterations:
-            if not self._events:
-                raise HeddleError(
-                    f"{self.iter_policy.name}: simulation stalled at t={now:.1f}s after "
-                    f"{len(self.step_end_s)} training steps; this is a bug in the simulator"
-                )
-            now, _, kind, key, version = heapq.heappop(self._events)
-            events += 1
-            if events > self.config.max_events:
-                raise HeddleError(f"simulation exceeded {self.config.max_events} events")
-            if kind == _WAKE:
-                engine = self.engines[key]
-                if version != engine.version:
-                    continue
-                for sim in engine.finish_segment(now):
-                    self._step_done(sim, engine, now)
-                engine.relieve_kv_pressure(now)
-                self._kick(engine, now, arrival=False)
-            elif kind == _TOOL:
-                self._tool_done(self.sims[key], now)
-            elif kind == _ARRIVE:
-                self._arrive(self.sims[key], now)
-            elif kind == _READY:
-                self._dispatch(self.sims[key], now)
-            elif kind == _RESUME:
-                if now >= self.paused_until:
-                    self._resume(now)
-            elif kind == _TRAINED:
-                self._trained(now)
-            elif kind == _TRAINED + 1:
-                self.trainer_busy = False
-                self._maybe_train(now)
-            else:  # re-plans, migrations: the step policies used here make none
-                raise HeddleError(f"unexpected event {kind} in the iteration simulator")
-            if progress is not None and len(self.step_end_s) != reported:
-                reported = len(self.step_end_s)
-                progress(reported, self.iterations)
+        now, _ = self._run_events(
+            now,
+            lambda: len(self.step_end_s),
+            self.iterations,
+            lambda now: (
+                f"{self.iter_policy.name}: simulation stalled at t={now:.1f}s after "
+                f"{len(self.step_end_s)} training steps; this is a bug in the simulator"
+            ),
+            progress,
+        )
         return self._result(now)
+
+    def _event_name(self, kind: int) -> str:
+        return _OWN_EVENTS.get(kind) or super()._event_name(kind)
+
+    def _handle(self, now: float, kind: int, key: str, version: int) -> None:
+        if kind == _RESUME:
+            if now >= self.paused_until:
+                self._resume(now)
+        elif kind == _TRAINED:
+            self._trained(now)
+        elif kind == _TRAINER_FREE:
+            self.trainer_busy = False
+            self._maybe_train(now)
+        elif kind in _PLANNER_EVENTS:  # the step policies used here make none
+            raise HeddleError(f"unexpected event {kind} in the iteration simulator")
+        else:
+            super()._handle(now, kind, key, version)
 
     def _result(self, now: float) -> IterationResult:
         elapsed = self.step_end_s[self.iterations - 1]

@@ -22,11 +22,16 @@ scored by its best makespan (how well the shape can be run); the winner is
 replicated ``s`` times. A mixed shape's proxy score is pessimistic (verl's
 routing does not send the tail to the high-TP engines; Heddle's placement
 does), so a mixed shape wins only where it wins even so.
+
+The planner here does not import the simulator (which plans its initial shape
+with it): :class:`ReplicaShapePlanner` leaves the run of one replica to a
+subclass, and ``_simulator.SimulatedShapePlanner`` runs it on the simulator.
 """
 
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -42,7 +47,7 @@ from .._shape import AnnealingShapePlanner, ShapeConfig, ShapePlan
 from .._types import FinishedTrajectory, PoolShape, check_tp_sizes, fits_nodes, node_sizes
 from .._workload import TrajectoryScript
 
-__all__ = ["SimulatedShapePlanner", "replica_scale", "workload_sketch"]
+__all__ = ["ReplicaRun", "ReplicaShapePlanner", "replica_scale", "workload_sketch"]
 
 _TOOL = "tool"
 
@@ -111,14 +116,30 @@ def replica_scale(
 
 
 @dataclass(frozen=True)
+class ReplicaRun:
+    """One mini-simulation: ``scripts`` on ``shape`` under ``policy`` at in-flight ``cap``."""
+
+    scripts: Sequence[TrajectoryScript]
+    cluster: ClusterSpec
+    policy: str
+    tool_means_s: Mapping[str, float]
+    history: Sequence[FinishedTrajectory]
+    shape: PoolShape
+    cap: int | None
+
+
+@dataclass(frozen=True)
 class _Replica:
     scale: int  # the full pool is ``scale`` copies of the replica
     gpus: int
     scripts: list[TrajectoryScript]
 
 
-class SimulatedShapePlanner:
+class ReplicaShapePlanner(ABC):
     """Picks the TP mix whose scaled-down simulation finishes the workload sketch soonest.
+
+    A subclass runs one replica (:meth:`_makespan`); the simulator's is
+    ``SimulatedShapePlanner``, the one to use.
 
     ``mini_gpus``: the replica's GPUs (at least; the whole pool when smaller);
     ``min_sample``: the fewest trajectories a replica keeps (a small workload
@@ -236,6 +257,12 @@ class SimulatedShapePlanner:
             shapes.append(mixed)
         return shapes
 
+    @abstractmethod
+    def _makespan(self, run: ReplicaRun) -> float:
+        """The makespan of ``run``; its planner calls are not to be charged (the replica
+        scores shapes against each other at a fraction of the pool's size, where they
+        would cost a fraction)."""
+
     def _simulate(
         self,
         replica: _Replica,
@@ -244,21 +271,11 @@ class SimulatedShapePlanner:
         cap: int | None,
         history: Sequence[FinishedTrajectory] = (),
     ) -> float:
-        from ._simulator import SimConfig, Simulator  # noqa: PLC0415 - the simulator plans with us
-
-        sim = Simulator(
-            replica.scripts,
-            self._cluster(replica.gpus),
-            get_policy(policy),
-            tool_means_s={_TOOL: _mean_latency(replica.scripts)},
-            history=history,
-            shape=shape,
-            perf=self.perf,
-            # The replica's planner calls are not charged: it scores shapes against each
-            # other at a fraction of the pool's size, where they would cost a fraction.
-            config=SimConfig(max_trajectories_per_engine=cap, planner_cost=None),
+        tool_means_s = {_TOOL: _mean_latency(replica.scripts)}
+        cluster = self._cluster(replica.gpus)
+        return self._makespan(
+            ReplicaRun(replica.scripts, cluster, policy, tool_means_s, history, shape, cap)
         )
-        return sim.run().makespan_s
 
     def _score(self, replica: _Replica, shape: PoolShape) -> tuple[float, int | None]:
         """The proxy's best makespan on ``shape`` over the caps, and that cap."""

@@ -1,17 +1,21 @@
-"""What a simulation reports, and the makespan lower bound every policy is held to."""
+"""What a simulation reports."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from .._cluster import ClusterSpec
+from .._policies import SchedulingPolicy
+from .._predictor import LengthPredictor
 from .._stats import pearson, tail_recall
-
-if TYPE_CHECKING:
-    from ._simulator import Simulator
+from .._types import PoolShape
+from ._entities import SimEngine, SimTrajectory
+from ._speculation import EngineSpeculator, SimSpeculation
 
 __all__ = ["SimResult", "summarise"]
 
@@ -50,14 +54,54 @@ class SimResult:
         return dict(vars(self))
 
 
-def _scheduling(sim: Simulator) -> str:
+class _RunConfig(Protocol):
+    @property
+    def max_trajectories_per_engine(self) -> int | None: ...
+    @property
+    def quality_steps(self) -> tuple[int, ...]: ...
+    @property
+    def speculation(self) -> SimSpeculation | None: ...
+
+
+class Simulation(Protocol):
+    """What the report reads of a finished run (the simulator, which imports this module)."""
+
+    @property
+    def policy(self) -> SchedulingPolicy: ...
+    @property
+    def fallback_policy(self) -> str | None: ...
+    @property
+    def config(self) -> _RunConfig: ...
+    @property
+    def cluster(self) -> ClusterSpec: ...
+    @property
+    def shape(self) -> PoolShape: ...
+    @property
+    def predictor(self) -> LengthPredictor | None: ...
+    @property
+    def sims(self) -> Mapping[str, SimTrajectory]: ...
+    @property
+    def engines(self) -> Mapping[str, SimEngine]: ...
+    @property
+    def speculator(self) -> EngineSpeculator | None: ...
+    @property
+    def migrations(self) -> int: ...
+    @property
+    def reshaped(self) -> bool: ...
+    @property
+    def merges(self) -> Sequence[object]: ...
+    @property
+    def colocation(self) -> str: ...
+
+
+def _scheduling(sim: Simulation) -> str:
     if sim.fallback_policy is None:
         return sim.policy.name
     cap = sim.config.max_trajectories_per_engine
     return sim.fallback_policy + (f" cap{cap}" if cap else "")
 
 
-def _utilisation(sim: Simulator, makespan: float, bins: int = 100) -> list[tuple[float, float]]:
+def _utilisation(sim: Simulation, makespan: float, bins: int = 100) -> list[tuple[float, float]]:
     edges = np.linspace(0.0, makespan, bins + 1)
     busy = np.zeros(bins)
     for engine in sim.engines.values():
@@ -70,7 +114,7 @@ def _utilisation(sim: Simulator, makespan: float, bins: int = 100) -> list[tuple
     return [(float(t), float(u)) for t, u in zip(edges[:-1], share, strict=True)]
 
 
-def _predictor_quality(sim: Simulator) -> dict[str, dict[str, float]]:
+def _predictor_quality(sim: Simulation) -> dict[str, dict[str, float]]:
     if sim.predictor is None:
         return {}
     truth = np.array([s.script.total_tokens for s in sim.sims.values()], dtype=np.float64)
@@ -93,7 +137,7 @@ def _predictor_quality(sim: Simulator) -> dict[str, dict[str, float]]:
     return report
 
 
-def summarise(sim: Simulator, events: int) -> SimResult:
+def summarise(sim: Simulation, events: int) -> SimResult:
     sims = list(sim.sims.values())
     finish = np.array([s.finish_s for s in sims], dtype=np.float64)
     makespan = float(finish.max())
@@ -126,7 +170,7 @@ def summarise(sim: Simulator, events: int) -> SimResult:
     )
 
 
-def _speculation(sim: Simulator) -> dict[str, Any]:
+def _speculation(sim: Simulation) -> dict[str, Any]:
     spec = sim.config.speculation
     if spec is None or not spec.config.enabled:
         return {"method": "off", "num_speculative_tokens": None, "tokens_per_step": 1.0}

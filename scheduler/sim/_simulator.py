@@ -29,7 +29,7 @@ from .._shape import ShapeConfig
 from .._types import FinishedTrajectory, PoolShape, Trajectory, TrajectoryState
 from .._workload import TrajectoryScript
 from ._entities import SimEngine, SimTrajectory
-from ._plan import SimulatedShapePlanner, replica_scale, workload_sketch
+from ._plan import ReplicaRun, ReplicaShapePlanner, replica_scale, workload_sketch
 from ._results import SimResult, summarise
 from ._speculation import (
     EngineSpeculator,
@@ -41,7 +41,7 @@ from ._speculation import (
 )
 from ._view import LiveClusterView
 
-__all__ = ["PlannerCost", "SimConfig", "Simulator"]
+__all__ = ["PlannerCost", "SimConfig", "SimulatedShapePlanner", "Simulator"]
 
 _WAKE, _TOOL, _MIGRATED, _REPLAN, _ARRIVE, _PLANNED, _READY, _MERGED = range(8)
 _EVENT_NAMES = ("wake", "tool", "migrated", "replan", "arrive", "planned", "ready", "merged")
@@ -569,54 +569,103 @@ class Simulator:
             self._dispatch(sim, start)
         if self._replans:
             self._push(start + self.config.replan_interval_s, _REPLAN, "")
-        total, events, now = len(sims), 0, start
-        last_reported = -1
-        while self._finished < total:
+        total = len(sims)
+        _, events = self._run_events(
+            start,
+            lambda: self._finished,
+            total,
+            lambda now: (
+                f"simulation stalled at t={now:.1f}s with {total - self._finished} "
+                "trajectories unfinished; this is a bug in a policy or the simulator"
+            ),
+            progress,
+        )
+        return summarise(self, events)
+
+    def _run_events(
+        self,
+        now: float,
+        done: Callable[[], int],
+        total: int,
+        stalled: Callable[[float], str],
+        progress: Callable[[int, int], None] | None,
+    ) -> tuple[float, int]:
+        """Handle events in time order until ``done()`` reaches ``total``.
+
+        Returns the time then and the events handled; ``progress(done, total)`` as
+        ``done()`` changes. ``stalled(now)`` says why running out of events first is a bug.
+        The one event loop of this simulator and its subclasses (they add events
+        through :meth:`_handle`).
+        """
+        events, reported = 0, -1
+        while done() < total:
             if not self._events:
-                raise HeddleError(
-                    f"simulation stalled at t={now:.1f}s with {total - self._finished} "
-                    "trajectories unfinished; this is a bug in a policy or the simulator"
-                )
+                raise HeddleError(stalled(now))
             now, _, kind, key, version = heapq.heappop(self._events)
             events += 1
             if self.config.trace:
-                self.trace.append((now, _EVENT_NAMES[kind], key))
+                self.trace.append((now, self._event_name(kind), key))
             if events > self.config.max_events:
                 raise HeddleError(f"simulation exceeded {self.config.max_events} events")
-            if kind == _WAKE:
-                engine = self.engines[key]
-                if version != engine.version:
-                    continue
-                for sim in engine.finish_segment(now):
-                    self._step_done(sim, engine, now)
-                engine.relieve_kv_pressure(now)
-                self._kick(engine, now, arrival=False)
-                if self._draining:
-                    self._maybe_retire(engine, now)
-            elif kind in (_TOOL, _MIGRATED) and now < self._busy_until:
-                self._push(self._busy_until, kind, key)  # handled once the planner returns
-            elif kind == _TOOL:
-                self._tool_done(self.sims[key], now)
-            elif kind == _MIGRATED:
-                self._migrated(self.sims[key], now)
-            elif kind == _ARRIVE:
-                self._arrive(self.sims[key], now)
-            elif kind == _READY:
-                self._dispatch(self.sims[key], now)
-            elif kind == _PLANNED:
-                self._planned(now)
-            elif kind == _MERGED:
-                self._merged(now)
-            elif kind == _REPLAN:
-                self._consider_merge(now)
-                spent = self._replan(now)
-                if self._finished < total:
-                    # The session's loop waits the interval after a plan returns.
-                    self._push(now + spent + self.config.replan_interval_s, _REPLAN, "")
-            if progress is not None and self._finished != last_reported:
-                last_reported = self._finished
-                progress(self._finished, total)
-        return summarise(self, events)
+            self._handle(now, kind, key, version)
+            if progress is not None and done() != reported:
+                reported = done()
+                progress(reported, total)
+        return now, events
+
+    def _event_name(self, kind: int) -> str:
+        return _EVENT_NAMES[kind]
+
+    def _handle(self, now: float, kind: int, key: str, version: int) -> None:
+        if kind == _WAKE:
+            engine = self.engines[key]
+            if version != engine.version:
+                return
+            for sim in engine.finish_segment(now):
+                self._step_done(sim, engine, now)
+            engine.relieve_kv_pressure(now)
+            self._kick(engine, now, arrival=False)
+            if self._draining:
+                self._maybe_retire(engine, now)
+        elif kind in (_TOOL, _MIGRATED) and now < self._busy_until:
+            self._push(self._busy_until, kind, key)  # handled once the planner returns
+        elif kind == _TOOL:
+            self._tool_done(self.sims[key], now)
+        elif kind == _MIGRATED:
+            self._migrated(self.sims[key], now)
+        elif kind == _ARRIVE:
+            self._arrive(self.sims[key], now)
+        elif kind == _READY:
+            self._dispatch(self.sims[key], now)
+        elif kind == _PLANNED:
+            self._planned(now)
+        elif kind == _MERGED:
+            self._merged(now)
+        elif kind == _REPLAN:
+            self._consider_merge(now)
+            spent = self._replan(now)
+            if self._finished < len(self.sims):
+                # The session's loop waits the interval after a plan returns.
+                self._push(now + spent + self.config.replan_interval_s, _REPLAN, "")
+        else:
+            raise HeddleError(f"unknown simulator event {kind}; this is a bug in the simulator")
 
     def finish_times(self) -> list[float]:
         return [s.finish_s if s.finish_s is not None else math.nan for s in self.sims.values()]
+
+
+class SimulatedShapePlanner(ReplicaShapePlanner):
+    """The shape planner whose mini-simulations run this simulator (see :mod:`._plan`)."""
+
+    def _makespan(self, run: ReplicaRun) -> float:
+        sim = Simulator(
+            run.scripts,
+            run.cluster,
+            get_policy(run.policy),
+            tool_means_s=run.tool_means_s,
+            history=run.history,
+            shape=run.shape,
+            perf=self.perf,
+            config=SimConfig(max_trajectories_per_engine=run.cap, planner_cost=None),
+        )
+        return sim.run().makespan_s
