@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -81,7 +82,7 @@ class DraftText:
     (it holds the text already); ``job``: the RolloutJob it came from."""
 
     key: str
-    tokens: tuple[int, ...]
+    tokens: array[int]  # 4 bytes a token (a list of ints costs about 36)
     origin: str | None
     job: str
 
@@ -161,6 +162,7 @@ class DraftsFeed:
         self.stats = FeedStats()
         self._turns: dict[str, list[DraftText]] = {}  # task -> this job's texts, in order
         self._runs: dict[str, list[DraftText]] = {}  # trajectory -> its texts (for history)
+        self._task_runs: dict[str, set[str]] = {}  # task -> trajectories with texts in _runs
         self._hosts: dict[str, set[str]] = {}  # task -> engines that ran a step of it
         self._sent: dict[tuple[str, str], set[str]] = {}  # (engine, task) -> keys sent/queued
         self._queue: dict[str, OrderedDict[str, list[DraftText]]] = {}  # engine -> task -> texts
@@ -178,8 +180,8 @@ class DraftsFeed:
             return  # it has had the task's texts; new ones reach it as they appear
         hosts.add(engine)
         siblings = self._turns.get(task_id, [])
-        history = self.corpus.texts(task_id, not_job=self.job)
-        self._enqueue(engine, task_id, [*siblings, *history])
+        # The history holds this job's finished siblings too (same keys: sent once).
+        self._enqueue(engine, task_id, [*siblings, *self.corpus.texts(task_id)])
 
     def step_done(
         self, task_id: str, trajectory_id: str, turn: int, tokens: Sequence[int], engine: str
@@ -188,24 +190,33 @@ class DraftsFeed:
         every other engine that runs the task (the delta; ``engine`` holds it already)."""
         if not tokens:
             return
+        texts = self._turns.setdefault(task_id, [])
         text = DraftText(
-            f"{self.job}/{trajectory_id}/{turn}",
-            tuple(tokens[: self.config.max_text_tokens]),
+            f"{self.job}/{trajectory_id}/{turn}/{len(texts)}",  # unique: an episode may restart
+            array("i", tokens[: self.config.max_text_tokens]),
             engine,
             self.job,
         )
-        self._turns.setdefault(task_id, []).append(text)
+        texts.append(text)
         self._runs.setdefault(trajectory_id, []).append(text)
+        self._task_runs.setdefault(task_id, set()).add(trajectory_id)
         hosts = self._hosts.setdefault(task_id, set())
         for other in sorted(hosts - {engine}):
             self._enqueue(other, task_id, [text])
         hosts.add(engine)
 
     def finished(self, task_id: str, trajectory_id: str, *, keep: bool = True) -> None:
-        """A trajectory ended: with ``keep``, its texts join the history of its task."""
+        """A trajectory ended: with ``keep``, its texts join the history of its task.
+        Once no trajectory of the task holds texts here, the job's copy of them goes
+        (a sibling starting later gets the finished ones from the history)."""
         texts = self._runs.pop(trajectory_id, [])
         if keep:
             self.corpus.add(task_id, texts)
+        live = self._task_runs.get(task_id, set())
+        live.discard(trajectory_id)
+        if not live:
+            self._task_runs.pop(task_id, None)
+            self._turns.pop(task_id, None)
 
     def forget_engine(self, engine: str) -> None:
         """``engine`` went down (a restart loses its cache): it gets everything again."""

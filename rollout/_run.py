@@ -395,6 +395,7 @@ def summary_of(
             "shape_source": "pinned in the pool" if local.pool.shape is not None else "planned",
         },
         "deadline_hit": result.deadline_hit,
+        **({"drafts": result.drafts} if result.drafts is not None else {}),
         "rewards": _rewards_of(local),
         "malformed_tasks": [str(e) for e in local.tasks.errors],
         "failures": result.failures,

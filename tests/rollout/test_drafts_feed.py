@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -122,7 +123,7 @@ def test_history_outlives_the_job_and_is_bounded() -> None:
     first.step_done("T", "failed", 1, [99], "a")
     first.finished("T", "failed", keep=False)  # a failed trajectory is no history
     assert corpus.trajectories("T") == 2  # the newest two of three
-    assert [t.tokens for t in corpus.texts("T")] == [(12, 0), (11, 0)]
+    assert [tuple(t.tokens) for t in corpus.texts("T")] == [(12, 0), (11, 0)]
     # The next iteration's job: engine b lacks the history; engine a produced it.
     second = DraftsFeed("iter-2", corpus)
     a, b = Recorder("a"), Recorder("b")
@@ -136,10 +137,27 @@ def test_history_outlives_the_job_and_is_bounded() -> None:
     assert [t.job for t in corpus.texts("T")] == ["iter-2", "iter-1"]
     assert corpus.texts("T", not_job="iter-2")[0].job == "iter-1"
     # At most max_tasks task ids: the least recently used goes.
-    corpus.add("U", [DraftText("k", (1,), None, "x")])
+    corpus.add("U", [DraftText("k", array("i", [1]), None, "x")])
     corpus.texts("T")  # T used again
-    corpus.add("V", [DraftText("k", (2,), None, "x")])
+    corpus.add("V", [DraftText("k", array("i", [2]), None, "x")])
     assert len(corpus) == 2 and corpus.trajectories("U") == 0 and corpus.trajectories("T") == 2
+
+
+def test_finished_siblings_reach_later_engines_once_then_from_the_history() -> None:
+    feed = DraftsFeed("job")
+    feed.before_step("T", "a")
+    feed.step_done("T", "t0", 1, [1, 2], "a")
+    feed.step_done("T", "t1", 1, [3], "a")
+    feed.finished("T", "t0")  # in the history now, and still among t1's siblings
+    b = Recorder("b")
+    feed.before_step("T", "b")
+    asyncio.run(_drain(feed, {"b": b}))
+    assert sorted(b.texts()) == [(1, 2), (3,)]  # each once
+    feed.finished("T", "t1")  # the task's last trajectory with texts: the job's copy goes
+    c = Recorder("c")
+    feed.before_step("T", "c")  # a sample that starts late still gets them, from the history
+    asyncio.run(_drain(feed, {"c": c}))
+    assert sorted(c.texts()) == [(1, 2), (3,)]
 
 
 def test_traffic_is_bounded_and_texts_are_cut() -> None:
