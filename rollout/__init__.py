@@ -10,6 +10,13 @@ planning path from (job, pool, tasks) to a running session: ``prepare_job`` and
 
 from ._answers import expected_answer, extract_answer, same_answer
 from ._contract import FAILED_ROWS, is_placeholder, order_rows, placeholder_record
+from ._drafts_feed import (
+    DraftCorpus,
+    DraftsFeed,
+    DraftsFeedConfig,
+    DraftText,
+    pool_corpus,
+)
 from ._environments import (
     Environment,
     Episode,
@@ -116,6 +123,7 @@ from ._run import (
     ProgressPrinter,
     build_environment,
     build_session,
+    drafts_feed_for,
     gateway_file,
     job_workload,
     perf_model_for,
@@ -165,6 +173,10 @@ __all__ = [
     "AnswerReward",
     "Batch",
     "CodeReward",
+    "DraftCorpus",
+    "DraftText",
+    "DraftsFeed",
+    "DraftsFeedConfig",
     "Environment",
     "Episode",
     "ExternalEnvironment",
@@ -225,6 +237,7 @@ __all__ = [
     "create_gateway_app",
     "create_trainer_app",
     "die_with_parent",
+    "drafts_feed_for",
     "encode_record",
     "expected_answer",
     "export_rows",
@@ -247,6 +260,7 @@ __all__ = [
     "perf_model_for",
     "placeholder_record",
     "plan_pool",
+    "pool_corpus",
     "prepare_job",
     "prepare_manifests",
     "read_job_tasks",

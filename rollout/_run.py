@@ -39,8 +39,9 @@ from heddle.scheduler import (
     make_predictor,
 )
 from heddle.scheduler.sim import SimulatedShapePlanner
-from heddle.worker import WorkerEndpoint
+from heddle.worker import Speculation, WorkerEndpoint
 
+from ._drafts_feed import DRAFTING_METHODS, DraftsFeed, pool_corpus
 from ._environments import Environment, SyntheticEnvironment, synthetic_tasks
 from ._external import ExternalEnvironment
 from ._gateway import Gateway
@@ -397,6 +398,7 @@ def summary_of(
             "shape_source": "pinned in the pool" if local.pool.shape is not None else "planned",
         },
         "deadline_hit": result.deadline_hit,
+        **({"drafts": result.drafts} if result.drafts is not None else {}),
         "rewards": _rewards_of(local),
         "malformed_tasks": [str(e) for e in local.tasks.errors],
         "failures": result.failures,
@@ -463,6 +465,7 @@ async def run_local(
             config=session_config,
             on_progress=on_progress,
             metrics=metrics,
+            speculation=options.speculation,
         )
         if trainer is not None:
             trainer_api = await serve_trainer(session, local, trainer)
@@ -503,12 +506,16 @@ def build_session(
     on_progress: Callable[[Progress], None] | None = None,
     metrics: SessionMetrics | None = None,
     weight_versions: dict[str, str] | None = None,
+    speculation: Speculation | None = None,
 ) -> RolloutSession:
     """The one way from (job, pool, tasks, workers) to a session: ``heddle run``, the
     session pod (``heddle session``) and the benchmarks all build it here.
 
     With ``spec.output.trace`` the token trace goes to :func:`trace_path` of the output,
     written by a sink like the output's (locked, resumed, never a torn line).
+    Where the engines speculate with ``suffix`` or ``auto`` (``speculation``, else the
+    pool's), the session feeds them siblings' and earlier iterations' texts
+    (:class:`DraftsFeed`, the history kept per pool in this process: :func:`pool_corpus`).
     """
     for error in local.tasks.errors:
         log.warning("skipping a malformed task: %s", error)
@@ -538,7 +545,16 @@ def build_session(
         weight_versions=weight_versions,
         max_trajectories_in_flight=plan.max_trajectories_in_flight,
         trace=trace,
+        drafts=drafts_feed_for(local, speculation),
     )
+
+
+def drafts_feed_for(local: LocalJob, speculation: Speculation | None = None) -> DraftsFeed | None:
+    """The drafting corpus's feed where the engines draft from other texts (suffix, auto)."""
+    method = (speculation or local.pool.speculation).method
+    if method not in DRAFTING_METHODS:
+        return None
+    return DraftsFeed(local.job.name, pool_corpus(local.pool.name))
 
 
 def session_config_for(job: RolloutJobSpec, base: SessionConfig | None = None) -> SessionConfig:

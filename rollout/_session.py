@@ -57,6 +57,7 @@ from heddle.scheduler import (
 from heddle.worker import HttpPool, StepReply, WorkerClient, WorkerEndpoint, trajectory_id
 
 from ._admission import AdmissionWindow
+from ._drafts_feed import DraftsFeed
 from ._environments import Environment, Outcome, ParsedCalls
 from ._groups import GroupStream
 from ._output import OutputSink, record_key
@@ -99,6 +100,7 @@ class SessionResult:
     failures: list[str] = field(default_factory=list)  # first few failure reasons
     promotions: int = 0  # steps sent at a higher priority than the trajectory's previous step
     replans: int = 0  # placement plans redone during the run
+    drafts: dict[str, int] | None = None  # the drafting corpus's traffic (DraftsFeed.stats)
 
 
 class RolloutSession:
@@ -128,6 +130,7 @@ class RolloutSession:
         max_trajectories_in_flight: int | None = None,
         trace: OutputSink | None = None,
         asynchrony: AsynchronySpec | None = None,
+        drafts: DraftsFeed | None = None,
     ) -> None:
         if not workers:
             raise HeddleError("a rollout session needs at least one worker")
@@ -166,6 +169,8 @@ class RolloutSession:
             self.predictor.seed(history)
         self._endpoints = {w.name: w for w in workers}
         self._history = history
+        # Siblings' and earlier iterations' texts for engines' suffix caches (suffix/auto).
+        self.drafts = drafts
         self.runs: dict[str, TrajectoryRun] = {}
         # With spec.weights, a worker takes steps only once it serves them (docs/rollouts.md).
         self.weights = WeightsKeeper(job, weights, weight_versions, self.config.step_timeout_s)
@@ -424,6 +429,8 @@ class RolloutSession:
                     name="weights",
                 )
             )
+        if self.drafts is not None:
+            helpers.append(asyncio.create_task(self.drafts.run(self._clients.get), name="drafts"))
         if self.policy.migration != "none" or self.policy.placement == "presorted-dp":
             helpers.append(asyncio.create_task(self._replan_loop(), name="replan"))
         try:
@@ -464,6 +471,7 @@ class RolloutSession:
             self._failures[:10],
             promotions=self._promotions,
             replans=self._replans,
+            drafts=None if self.drafts is None else self.drafts.stats.as_dict(),
         )
 
     async def _wait(
@@ -617,6 +625,8 @@ class RolloutSession:
                 await self._finish(run, TrajectoryStatus.FAILED, "failed", str(exc))
                 return False
             run.apply(worker, reply, self.sampling.logprobs, run.step_weight_version)
+            if self.drafts is not None:
+                self.drafts.step_done(run.task.id, traj.id, traj.turns, reply.token_ids, worker)
             run.episode.note_step(len(run.tokens) - len(reply.token_ids), len(reply.token_ids))
             self._steps += 1
             self._tokens += len(reply.token_ids)
@@ -773,6 +783,8 @@ class RolloutSession:
             # The worker refuses a step naming other weights than it serves (421), so the
             # version named here is the one that produces the step's tokens.
             run.step_weight_version = self.weights.spec.version if self.weights.spec else None
+            if self.drafts is not None:  # queues the texts this engine lacks; never waits
+                self.drafts.before_step(run.task.id, name)
             reply = await client.generate(
                 traj.id,
                 messages=run.pending,
@@ -840,6 +852,8 @@ class RolloutSession:
         run.traj.predicted_remaining_tokens = 0.0
         if self.predictor is not None and status == "done":
             self.predictor.finish(run.traj)
+        if self.drafts is not None:
+            self.drafts.finished(run.task.id, run.traj.id, keep=status != "failed")
         if run.resident is not None:
             self._release_later(run.resident, run.traj.id)
             run.resident = None
@@ -938,6 +952,8 @@ class RolloutSession:
         if name not in self._live:
             return
         self._live.discard(name)
+        if self.drafts is not None:
+            self.drafts.forget_engine(name)
         self._worker_failures += 1
         self.metrics.worker_failures.labels(self.job, name).inc()
         log.warning(

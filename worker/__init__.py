@@ -12,6 +12,7 @@ with synthetic tokens, for scale tests and benchmarks without a model; the
 
 from ._app import WorkerState, create_app
 from ._auth import OPEN_PATHS, TOKEN_ENV, read_token
+from ._auto_speculation import AUTO_CONTEXT_TOKENS, auto_speculation, auto_table
 from ._body_limit import MAX_BODY_BYTES
 from ._chat import TOOL_PARSERS, tool_schema_error
 from ._client import StepReply, WorkerClient, WorkerEndpoint
@@ -68,6 +69,7 @@ from ._vllm_env import THREADS_BIND, vllm_cpu_env
 from ._weights import LoadedWeights, weights_path
 
 __all__ = [
+    "AUTO_CONTEXT_TOKENS",
     "DEFAULT_MAX_RESIDENT",
     "DEFAULT_RESIDENT_TTL_S",
     "DEFAULT_SPECULATIVE_TOKENS",
@@ -125,6 +127,8 @@ __all__ = [
     "WorkerEndpoint",
     "WorkerState",
     "add_worker_arguments",
+    "auto_speculation",
+    "auto_table",
     "check_batch_size_table",
     "check_vllm_environment",
     "create_app",

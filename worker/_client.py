@@ -195,6 +195,19 @@ class WorkerClient:
             if exc.status not in (404, 405):
                 raise
 
+    async def seed_drafts(
+        self, job: str, task_id: str, texts: Sequence[Sequence[int]], *, timeout: float = 10.0
+    ) -> int:
+        """POST /v1/drafts: texts the engine's suffix cache may draft from; how many it
+        inserted (0 where the engine does not run suffix decoding)."""
+        data: dict[str, Any] = await self._request(
+            "POST",
+            "/v1/drafts",
+            json_body={"job": job, "task_id": task_id, "texts": [list(t) for t in texts]},
+            timeout=timeout,
+        )
+        return int(data["seeded"])
+
     async def load_weights(
         self, path: str, version: str, *, timeout: float, mode: str = "drain"
     ) -> bool:

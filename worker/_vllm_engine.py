@@ -10,6 +10,7 @@ import asyncio
 import difflib
 import itertools
 import json
+import logging
 import os
 import re
 import time
@@ -20,6 +21,7 @@ from typing import Any
 from heddle.exceptions import ConfigError, EngineInputError
 from heddle.scheduler import ENGINE_BATCH_CAP
 
+from ._auto_speculation import auto_speculation
 from ._engine import Engine, EngineError, EngineStats, ParsedTurn, Sampling, StepOutput
 from ._engine_arg_names import VLLM_ENGINE_ARG_NAMES, VLLM_LINE
 from ._environment import is_cpu_build
@@ -130,7 +132,7 @@ def engine_kwargs(config: VLLMConfig, *, cpu_build: bool) -> dict[str, Any]:
         "scheduling_policy": "priority",
         "worker_extension_cls": WORKER_EXTENSION,
     }
-    speculative = config.speculation.resolved().vllm_config()
+    speculative = engine_speculation(config, cpu_build=cpu_build)[0].vllm_config()
     if speculative is not None:
         kwargs["speculative_config"] = speculative
         # Drafted and accepted tokens on each request's final output (summary counts).
@@ -141,6 +143,18 @@ def engine_kwargs(config: VLLMConfig, *, cpu_build: bool) -> dict[str, Any]:
         kwargs["block_size"] = config.block_size
     kwargs.update(dict(config.engine_args))
     return kwargs
+
+
+def engine_speculation(config: VLLMConfig, *, cpu_build: bool) -> tuple[Speculation, str]:
+    """How the engine speculates (``auto`` resolved, with its K table), and a line why."""
+    return auto_speculation(
+        config.speculation,
+        model=config.model,
+        tp=config.tp,
+        max_num_seqs=int(dict(config.engine_args).get("max_num_seqs", config.max_num_seqs)),
+        max_model_len=config.max_model_len,
+        cpu_build=cpu_build,
+    )
 
 
 def _engine_core_times(stats: Any) -> tuple[float, float | None, float | None]:
@@ -224,7 +238,9 @@ class VLLMEngine(Engine):
                 f"of {int(float(too_long['own']))} tokens: leave it out (--max-model-len, the "
                 "pool's vllm.maxModelLen) to use the model's own, or give a smaller value"
             ) from None
-        self.speculation = self.config.speculation.resolved()
+        self.speculation, why = engine_speculation(self.config, cpu_build=is_cpu_build())
+        if self.config.speculation.on:
+            logging.getLogger("heddle.worker").info("%s", why)  # auto: its K table
         if self.speculation.on:
             await self._refuse_faulty_speculation()
         self.max_model_len = int(self._llm.model_config.max_model_len)

@@ -47,13 +47,21 @@ class HeddleWorkerExtension:
         return True
 
     def heddle_clear_drafts(self) -> int:
-        """Forget every finished response in the suffix cache (its global tree): a
-        measurement starts from an engine that has served nothing. Returns how many."""
+        """Forget every response in the suffix cache (its global tree): a measurement
+        starts from an engine that has served nothing. Returns how many.
+
+        Call it with no request running. A finished request stays *active* in the
+        cache until vLLM's proposer next runs (it stops those no longer in the batch
+        then), so active requests are stopped here too; their responses would
+        otherwise survive the clear.
+        """
         drafter: Any = getattr(getattr(self, "model_runner", None), "drafter", None)
         cache: Any = getattr(drafter, "suffix_cache", None)
         if cache is None:
             return 0
-        done = [r for r in cache.cached_requests if r not in cache.active_requests]
+        for req_id in list(cache.active_requests):
+            cache.stop_request(req_id)
+        done = list(cache.cached_requests)
         for req_id in done:
             cache.evict_cached_response(req_id)
         return len(done)

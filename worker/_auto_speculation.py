@@ -1,0 +1,140 @@
+"""``auto`` speculation: the method this machine runs, and K by batch size from the model.
+
+A worker started with ``--speculation auto`` (and no ``--speculative-tokens-by-batch-size``
+of its own) drafts with ``suffix`` where arctic-inference imports, else ``ngram``, and
+takes K per engine step from :func:`heddle.scheduler.k_by_batch_size`: for each running
+batch size up to the engine's batch cap, the K in ``1..num_speculative_tokens`` that
+maximises output tokens per second under Heddle's performance model, or 0 (off) where
+no K beats a plain step by 2% — a compute-bound engine at full batch. The acceptance is
+our own measurement (``ACCEPTANCE_PRESETS["pessimistic"]``: SmolLM2-135M at T=1.0,
+suffix decoding with a GRPO group's siblings in the engine's tree, 1.29 tokens per
+step at K=4; n-gram 1.11), so the table errs towards speculating less. The table is
+logged at start-up and reported in ``/v1/state.speculation.by_batch_size``.
+
+Performance model: on vLLM's CPU build the engine profile measured there
+(``vllm-cpu-tiny``; its TP1 figures at every TP, the only ones it holds); elsewhere the
+pool's model if it names a preset (Qwen3-8B/14B/32B), else Qwen3-8B, on an H100 —
+the session's own choice (heddle.rollout.perf_model_for). Context per sequence:
+:data:`AUTO_CONTEXT_TOKENS`, or half the model length where that is shorter.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from heddle.scheduler import (
+    ACCEPTANCE_PRESETS,
+    HARDWARE_PRESETS,
+    MODEL_PRESETS,
+    PerfModel,
+    ProfiledPerfModel,
+    k_by_batch_size,
+    load_profile,
+)
+
+from ._speculation import BatchSizeTokens, Speculation, format_batch_size_table
+
+__all__ = [
+    "AUTO_ACCEPTANCE",
+    "AUTO_CONTEXT_TOKENS",
+    "auto_speculation",
+    "auto_table",
+    "format_speculation",
+]
+
+AUTO_CONTEXT_TOKENS: Final = 1024  # tokens per running sequence the table is costed at
+AUTO_ACCEPTANCE: Final = "pessimistic"  # our SmolLM2 measurement (docs/speculation.md)
+AUTO_SIBLINGS: Final = 15  # a GRPO group of 16 drafts from its siblings (the session feeds them)
+
+
+def _perf_model(model: str, tp: int, batch_cap: int, cpu_build: bool) -> tuple[PerfModel, int]:
+    """The performance model and the TP it is asked at."""
+    if cpu_build:
+        profile = load_profile("vllm-cpu-tiny")
+        at = tp if tp in profile.tps else max(profile.tps)
+        return ProfiledPerfModel.from_profile(profile, batch_cap=batch_cap), at
+    lowered = model.lower()
+    preset = next((m for m in MODEL_PRESETS if m in lowered), "qwen3-8b")
+    return PerfModel(MODEL_PRESETS[preset], HARDWARE_PRESETS["h100-sxm"], batch_cap=batch_cap), tp
+
+
+def auto_table(
+    method: str,
+    *,
+    model: str,
+    tp: int,
+    max_num_seqs: int,
+    max_model_len: int | None,
+    cpu_build: bool,
+    max_k: int,
+) -> tuple[BatchSizeTokens, ...]:
+    """``((first, last, K), ...)`` over batch sizes 1..``max_num_seqs``; K 0: off there."""
+    perf, at = _perf_model(model, tp, max_num_seqs, cpu_build)
+    context = float(min(AUTO_CONTEXT_TOKENS, (max_model_len or 2 * AUTO_CONTEXT_TOKENS) // 2))
+    acceptance = ACCEPTANCE_PRESETS[AUTO_ACCEPTANCE]
+    siblings = AUTO_SIBLINGS if method == "suffix" else 0
+
+    def tokens_per_step(k: int) -> float:
+        return acceptance.tokens_per_step(method, k, siblings=siblings)
+
+    rows = k_by_batch_size(
+        perf, at, context, tokens_per_step, max_num_seqs, tuple(range(1, max_k + 1))
+    )
+    table: list[BatchSizeTokens] = []
+    first = 1
+    for last, k in rows:
+        table.append((first, last, k))
+        first = last + 1
+    return tuple(table)
+
+
+def auto_speculation(
+    speculation: Speculation,
+    *,
+    model: str,
+    tp: int,
+    max_num_seqs: int,
+    max_model_len: int | None,
+    cpu_build: bool,
+) -> tuple[Speculation, str]:
+    """``speculation`` as the engine runs it, and a line saying why.
+
+    ``auto`` becomes its method here with the model's K table (off where the model
+    says no batch size pays); any other method, or ``auto`` with a table given, is
+    only resolved.
+    """
+    resolved = speculation.resolved()
+    if speculation.method != "auto" or speculation.by_batch_size:
+        return resolved, f"speculation {format_speculation(resolved)}"
+    table = auto_table(
+        resolved.method,
+        model=model,
+        tp=tp,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        cpu_build=cpu_build,
+        max_k=speculation.num_speculative_tokens,
+    )
+    where = "vLLM's CPU build (profile vllm-cpu-tiny)" if cpu_build else "an H100 (datasheet model)"
+    shown = format_batch_size_table(table)
+    if max(k for _, _, k in table) == 0:
+        off = Speculation("off", speculation.num_speculative_tokens)
+        return off, (
+            f"speculation auto: off — on {where} no K up to {speculation.num_speculative_tokens} "
+            f"pays at any batch size up to {max_num_seqs} ({shown})"
+        )
+    chosen = Speculation.of(resolved.method, None, table)
+    return chosen, (
+        f"speculation auto: {resolved.method}, K by running batch size {shown} (K 0: off), "
+        f"from Heddle's performance model on {where} and the measured acceptance "
+        f"({AUTO_ACCEPTANCE})"
+    )
+
+
+def format_speculation(speculation: Speculation) -> str:
+    if not speculation.on:
+        return "off"
+    if speculation.by_batch_size:
+        table = format_batch_size_table(speculation.by_batch_size)
+        return f"{speculation.method}, K by batch size {table}"
+    return f"{speculation.method}, K={speculation.num_speculative_tokens}"
