@@ -482,6 +482,9 @@ def run_session_bench(args: Any, out: Path) -> dict[str, Any]:
         max_model_len=4096 if args.engine == "vllm" else 1 << 20,
         max_num_seqs=args.max_num_seqs,
         time_scale=1.0,
+        # Simulated workers run the cluster's performance model: --cluster 2xcpu-tiny
+        # plays the vLLM CPU workers (their profile and batch cap of 8).
+        cluster=args.cluster if args.engine == "sim" else None,
         log_dir=out / "logs",
     )
     policies = [p for p in args.policies.split(",") if p] if args.policies else []
