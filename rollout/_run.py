@@ -31,6 +31,7 @@ from heddle.scheduler import (
     FinishedTrajectory,
     PerfModel,
     PoolShape,
+    PredictorConfig,
     ProfiledPerfModel,
     ShapeConfig,
     WorkloadSpec,
@@ -262,7 +263,9 @@ def plan_pool(local: LocalJob, perf: PerfModel) -> PoolPlan:
     policy = get_policy(local.job.policy)
     if not policy.adaptive_shape or policy.predictor is None:
         return PoolPlan(baseline, local.job.policy)
-    predictor = make_predictor(policy.predictor)
+    predictor = make_predictor(
+        policy.predictor, PredictorConfig.for_budget(local.job.sampling.max_total_tokens)
+    )
     from heddle.scheduler import Trajectory  # noqa: PLC0415 - only here
 
     records = []

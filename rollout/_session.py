@@ -43,6 +43,7 @@ from heddle.scheduler import (
     FinishedTrajectory,
     Move,
     PerfModel,
+    PredictorConfig,
     ReplanState,
     Trajectory,
     TrajectoryState,
@@ -164,7 +165,15 @@ class RolloutSession:
         self.ordering = make_ordering(self.policy.ordering)
         self.placement = make_placement(self.policy.placement)
         self.migration = make_migration(self.policy.migration, perf)
-        self.predictor = make_predictor(self.policy.predictor) if self.policy.predictor else None
+        # Priors at the job's scale: the paper's (4,096 of 40,960 tokens) on a small budget
+        # rank the tail last until the first refit (PredictorConfig.for_budget).
+        self.predictor = (
+            make_predictor(
+                self.policy.predictor, PredictorConfig.for_budget(sampling.max_total_tokens)
+            )
+            if self.policy.predictor
+            else None
+        )
         if self.predictor is not None and history:
             self.predictor.seed(history)
         self._endpoints = {w.name: w for w in workers}

@@ -80,6 +80,28 @@ class PredictorConfig:
         if self.grid_points < 8:
             raise ConfigError(f"PredictorConfig.grid_points={self.grid_points} must be >= 8")
 
+    @classmethod
+    def for_budget(cls, max_total_tokens: int) -> PredictorConfig:
+        """The priors for a job whose trajectories stop at ``max_total_tokens``.
+
+        The defaults are the paper's coding job (median 4,096 of a 40,960-token cap).
+        A smaller budget scales the prior median down with it, so the ratio stays, and
+        caps every prediction at the budget. Why: with the paper's prior on a job capped
+        at 1,500 tokens, every prediction before the first refit is about the cap minus
+        what was generated, so the trajectory that has written the most ranks *last*
+        and fresh ones first: on vLLM with a batch cap, the tail's steps queued behind
+        every other step (docs/speculation.md, "Real engines"). A prior at the job's
+        scale lets progress raise a trajectory's predicted remaining length, as a
+        long-tailed length distribution says it should. A larger budget keeps the
+        default median (only the cap grows).
+        """
+        if max_total_tokens < 1:
+            raise ConfigError(f"max_total_tokens={max_total_tokens} must be >= 1")
+        base = cls()
+        ratio = base.prior_median_tokens / base.max_tokens
+        median = min(base.prior_median_tokens, ratio * max_total_tokens)
+        return cls(prior_median_tokens=max(1.0, median), max_tokens=max_total_tokens)
+
 
 @dataclass(frozen=True)
 class Prediction:

@@ -61,6 +61,7 @@ from ._speculation import (
     SPECULATION_REFUSED_SAMPLING,
     Speculation,
     check_batch_size_table,
+    parse_batch_size_table,
     suffix_available,
 )
 from ._tiny_model import write_tiny_model
@@ -137,6 +138,7 @@ __all__ = [
     "install_tool_template",
     "job_of",
     "named_model_dir",
+    "parse_batch_size_table",
     "parse_engine_arg",
     "parse_worker_argv",
     "probe_vllm_import",

@@ -39,6 +39,7 @@ from ._profile import (
 from ._session import (
     bench_control_loop,
     bench_engines,
+    parse_worker_speculation,
     plot_engines,
     run_session_bench,
 )
@@ -91,6 +92,7 @@ __all__ = [
     "outside_engine_per_step",
     "pairs_agree",
     "parse_speculation",
+    "parse_worker_speculation",
     "plot",
     "plot_engines",
     "run_acceptance",

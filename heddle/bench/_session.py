@@ -49,9 +49,15 @@ from heddle.rollout import (
     synthetic_tasks,
 )
 from heddle.scheduler import PerfModel, PoolShape, WorkloadSpec
-from heddle.worker import WorkerEndpoint
+from heddle.worker import Speculation, WorkerEndpoint
 
-__all__ = ["bench_control_loop", "bench_engines", "plot_engines", "run_session_bench"]
+__all__ = [
+    "bench_control_loop",
+    "bench_engines",
+    "parse_worker_speculation",
+    "plot_engines",
+    "run_session_bench",
+]
 
 
 def _pool_spec() -> EnginePoolSpec:
@@ -119,7 +125,16 @@ async def _one_run(
     finishes = []
     for run in session.runs.values():
         finishes.append(run.finished_at - started if run.finished_at else float("nan"))
-    return result, sorted(finishes), _longest(session.runs.values())
+    per_run = {**_longest(session.runs.values()), **_speculated(session.runs.values())}
+    if per_run.get("longest_generated_tokens"):
+        # From the rollout's start: under an in-flight cap the wall time above starts
+        # only when the trajectory got a slot, so it hides the wait for one.
+        longest = max(
+            (r for r in session.runs.values() if r.finished_at),
+            key=lambda r: r.traj.generated_tokens,
+        )
+        per_run["longest_finish_s"] = longest.finished_at - started
+    return result, sorted(finishes), per_run
 
 
 def _longest(runs: Iterable[TrajectoryRun]) -> dict[str, float]:
@@ -140,6 +155,43 @@ def _longest(runs: Iterable[TrajectoryRun]) -> dict[str, float]:
         "longest_queue_s": run.queue_s,
         "longest_tool_s": float(sum(run.tool_latency_s)),
         "longest_serial_s": wall - run.queue_s,
+    }
+
+
+def parse_worker_speculation(text: str) -> Speculation:
+    """``heddle bench engines --speculation``: the workers' stock vLLM speculation, one
+    setting for every policy: ``off``, ``METHOD`` (K 4), ``METHOD:K``, or ``METHOD:TABLE``
+    with K by batch size (``suffix:1-8:4,9-32:2,33-256:0``)."""
+    from heddle.exceptions import ConfigError  # noqa: PLC0415
+    from heddle.worker import Speculation, parse_batch_size_table  # noqa: PLC0415
+
+    method, _, rest = text.strip().partition(":")
+    if not rest:
+        return Speculation.of(method)
+    if rest.isdigit():
+        return Speculation.of(method, int(rest))
+    if "-" in rest:
+        return Speculation.of(method, None, parse_batch_size_table(rest, "--speculation"))
+    raise ConfigError(
+        f"--speculation {text!r}: for 'engines' write off, METHOD, METHOD:K or METHOD:TABLE, "
+        "e.g. suffix:4 or suffix:1-8:4,9-32:2,33-256:0"
+    )
+
+
+def _speculated(runs: Iterable[TrajectoryRun]) -> dict[str, float]:
+    """Drafted and accepted tokens over the run, and tokens per decode step (engines that
+    speculate only; empty otherwise)."""
+    counts = [r.speculation for r in runs if r.speculation is not None]
+    if not counts:
+        return {}
+    drafted = sum(c["drafted_tokens"] for c in counts)
+    accepted = sum(c["accepted_tokens"] for c in counts)
+    tokens = sum(c["tokens"] for c in counts)
+    steps = sum(c["decode_steps"] for c in counts)
+    return {
+        "drafted_tokens": float(drafted),
+        "accepted_tokens": float(accepted),
+        "tokens_per_decode_step": tokens / steps if steps else float("nan"),
     }
 
 
@@ -234,7 +286,8 @@ def bench_engines(
                     f"{row['tokens_per_s']:8.0f} tok/s, {result.migrations} migrations, "
                     f"longest trajectory ({longest.get('longest_generated_tokens', 0.0):.0f} "
                     f"tokens) {longest.get('longest_wall_s', 0.0):.1f} s, "
-                    f"{longest.get('longest_serial_s', 0.0):.1f} s of it not queued"
+                    f"{longest.get('longest_serial_s', 0.0):.1f} s of it not queued, "
+                    f"done {longest.get('longest_finish_s', 0.0):.1f} s into the run"
                 )
 
     try:
@@ -247,6 +300,14 @@ def bench_engines(
             "median_makespan_s": statistics.median(r["makespan_s"] for r in rows),
             "min_tokens_per_s": min(r["tokens_per_s"] for r in rows),
             "max_tokens_per_s": max(r["tokens_per_s"] for r in rows),
+            # The tail: the longest trajectory's wall time and the part it queued.
+            "median_longest_wall_s": statistics.median(r.get("longest_wall_s", 0.0) for r in rows),
+            "median_longest_queue_s": statistics.median(
+                r.get("longest_queue_s", 0.0) for r in rows
+            ),
+            "median_longest_finish_s": statistics.median(
+                r.get("longest_finish_s", 0.0) for r in rows
+            ),
             "tokens": rows[0]["tokens"],
         }
         for p, rows in runs.items()
@@ -260,6 +321,12 @@ def bench_engines(
                 )
     return {
         "engine": options.engine,
+        "model": options.model,
+        "speculation": {
+            "method": options.speculation.method,
+            "num_speculative_tokens": options.speculation.num_speculative_tokens,
+            "by_batch_size": [list(e) for e in options.speculation.by_batch_size],
+        },
         "max_num_seqs": options.max_num_seqs,
         "shape": tps,
         "workload": workload.name,
@@ -401,12 +468,23 @@ def run_session_bench(args: Any, out: Path) -> dict[str, Any]:
     if args.prompts:
         workload = dataclasses.replace(workload, prompts=args.prompts)
     model = local_model_dir(args.model or "tiny", None) if args.engine == "vllm" else None
+    speculation = parse_worker_speculation(args.speculation or "off")
+    if speculation.on and args.engine != "vllm":
+        from heddle.exceptions import ConfigError  # noqa: PLC0415
+
+        raise ConfigError(
+            f"--speculation {args.speculation} needs --engine vllm: the sim engine does not draft"
+        )
     options = LocalWorkerOptions(
+        speculation=speculation,
         engine=args.engine,
         model=model,
         max_model_len=4096 if args.engine == "vllm" else 1 << 20,
         max_num_seqs=args.max_num_seqs,
         time_scale=1.0,
+        # Simulated workers run the cluster's performance model: --cluster 2xcpu-tiny
+        # plays the vLLM CPU workers (their profile and batch cap of 8).
+        cluster=args.cluster if args.engine == "sim" else None,
         log_dir=out / "logs",
     )
     policies = [p for p in args.policies.split(",") if p] if args.policies else []

@@ -556,7 +556,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="rollout: the baselines' stock vLLM speculation to try, e.g. off,ngram:4,suffix:4, "
         "or sweep (off,ngram:4,suffix:2,suffix:4,suffix:8); default: the cluster's "
         "speculation, else off. Where a baseline speculates, Heddle does (suffix, K by batch "
-        "size, GRPO groups co-located where it pays); docs/speculation.md",
+        "size, GRPO groups co-located where it pays); 'engines': the workers' stock vLLM "
+        "speculation for every policy, e.g. suffix:4 or suffix:1-8:4,9-32:2,33-256:0; "
+        "docs/speculation.md",
     )
     p_bench.add_argument(
         "--acceptance",

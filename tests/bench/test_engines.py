@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from heddle.bench import parse_worker_speculation
 from heddle.bench._session import bench_engines, parse_policy_cap
 from heddle.exceptions import ConfigError
 from heddle.rollout import LocalWorkerOptions, load_workload
@@ -42,6 +43,25 @@ def test_a_capped_baseline_runs_beside_heddle_on_the_same_sim_workers(tmp_path: 
     row = result["runs"]["verl@1"][0]
     assert row["done"] == 8 and row["failed"] == 0
     # The regime check: the longest trajectory's own wall time, against the makespan.
-    assert 0 < row["longest_wall_s"] <= row["makespan_s"] + 1e-6
+    assert 0 < row["longest_wall_s"] <= row["longest_finish_s"] <= row["makespan_s"] + 1e-6
     assert row["longest_generated_tokens"] > 0
     assert (tmp_path / "runs" / "verl-cap1-r0.jsonl").exists()
+    # The tail per policy, and the workers' speculation (off: no draft counts).
+    assert result["policies"]["verl@1"]["median_longest_wall_s"] == row["longest_wall_s"]
+    assert result["speculation"]["method"] == "off" and "drafted_tokens" not in row
+
+
+def test_the_workers_speculation_is_one_setting_for_every_policy() -> None:
+    assert not parse_worker_speculation("off").on
+    fixed = parse_worker_speculation("suffix:2")
+    assert (fixed.method, fixed.num_speculative_tokens, fixed.by_batch_size) == ("suffix", 2, ())
+    table = parse_worker_speculation("suffix:1-4:4,5-64:2")
+    assert table.by_batch_size == ((1, 4, 4), (5, 64, 2)) and table.num_speculative_tokens == 4
+    assert parse_worker_speculation("ngram").num_speculative_tokens == 4
+    for bad, says in (
+        ("suffix:x", "METHOD:K"),
+        ("draft:4", "not a method"),
+        ("suffix:4-1:2", "1 <="),
+    ):
+        with pytest.raises(ConfigError, match=says):
+            parse_worker_speculation(bad)

@@ -28,7 +28,13 @@ from heddle.rollout import (
     step_seed,
     synthetic_tasks,
 )
-from heddle.scheduler import HARDWARE_PRESETS, MODEL_PRESETS, SAMPLING_LIMITS, PerfModel
+from heddle.scheduler import (
+    HARDWARE_PRESETS,
+    MODEL_PRESETS,
+    SAMPLING_LIMITS,
+    PerfModel,
+    PredictorConfig,
+)
 from heddle.worker import WorkerEndpoint
 
 from .._rollout_fixtures import ToolServer, assert_consistent, assert_exactly_once, read_records
@@ -435,3 +441,11 @@ def test_a_worker_that_refuses_the_token_is_left_out_and_the_job_completes(
     # then none goes there. Before the worker was kept down, its open /readyz let steps
     # back and the same trajectories were refused again (31-33 seen).
     assert 0 < refused <= 24
+
+
+def test_the_sessions_predictor_takes_its_priors_from_the_jobs_budget(tmp_path: Path) -> None:
+    tasks, env = _synthetic(2, 2)
+    endpoint = WorkerEndpoint("w", "http://127.0.0.1:1", 1, "token")
+    session = _session([endpoint], tmp_path / "out.jsonl", tasks, env, 2)
+    assert session.predictor is not None
+    assert session.predictor.config == PredictorConfig.for_budget(3000)  # type: ignore[attr-defined]

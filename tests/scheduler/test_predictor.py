@@ -165,3 +165,48 @@ def test_one_trajectorys_evidence_is_the_batch_forms_bit_for_bit() -> None:
             batch = p._evidence(grid, np.array([tokens]), np.array([turns]))
             for got, want in zip((evidence, mean, sd), batch, strict=True):
                 assert got.tobytes() == np.ascontiguousarray(want[:, 0]).tobytes()
+
+
+def test_for_budget_scales_the_prior_with_the_jobs_cap() -> None:
+    paper = PredictorConfig()
+    assert PredictorConfig.for_budget(paper.max_tokens) == paper
+    small = PredictorConfig.for_budget(1500)
+    assert small.max_tokens == 1500
+    assert small.prior_median_tokens == pytest.approx(150.0)
+    large = PredictorConfig.for_budget(200_000)  # a bigger cap does not raise the median
+    assert (large.prior_median_tokens, large.max_tokens) == (paper.prior_median_tokens, 200_000)
+    with pytest.raises(ConfigError, match="max_total_tokens=0"):
+        PredictorConfig.for_budget(0)
+
+
+def _remaining_before_any_refit(config: PredictorConfig) -> dict[str, float]:
+    """The engines-tail bench's first minute: four groups of four, nothing finished; one
+    trajectory wrote 78 then 292 tokens (the run's 1,466-token tail), others one or two
+    short turns, the rest have not started."""
+    p = SiblingPredictor(config)
+    trajs = {
+        f"g{g}-s{s}": Trajectory(f"g{g}-s{s}", f"g{g}", 120) for g in range(4) for s in range(4)
+    }
+    for t in trajs.values():
+        p.update(t)
+    for name, turns in {"g0-s0": [78, 292], "g1-s0": [40], "g2-s0": [40, 30]}.items():
+        t = trajs[name]
+        t.turn_tokens, t.generated_tokens, t.turns = list(turns), sum(turns), len(turns)
+        p.update(t)
+    return {
+        "tail": trajs["g0-s0"].predicted_remaining_tokens,
+        "short": max(trajs[n].predicted_remaining_tokens for n in ("g1-s0", "g2-s0")),
+        "fresh": trajs["g3-s0"].predicted_remaining_tokens,
+    }
+
+
+def test_a_prior_at_the_jobs_scale_ranks_the_tail_first_before_any_refit() -> None:
+    # Progressive priority runs the longest predicted remaining first; on vLLM with a
+    # batch cap the lowest-ranked step queues behind all others.
+    at_scale = _remaining_before_any_refit(PredictorConfig.for_budget(1500))
+    assert at_scale["tail"] > at_scale["fresh"] > 0
+    assert at_scale["tail"] > at_scale["short"]
+    # The regression this guards against: the paper's prior under a 1,500-token cap
+    # predicts about "cap minus generated", so the tail ranked last.
+    paper = _remaining_before_any_refit(PredictorConfig(max_tokens=1500))
+    assert paper["tail"] < paper["short"] < paper["fresh"]
