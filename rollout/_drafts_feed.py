@@ -170,6 +170,7 @@ class DraftsFeed:
         self._drafting: dict[str, bool] = {}  # engine -> runs suffix decoding (its /v1/state)
         self._not_drafting: set[str] = set()
         self._wake: asyncio.Event | None = None  # made by run(), on the session's loop
+        self._closing = False  # set when the session ends: no new call starts
 
     # -- the session's hooks (synchronous: they only queue) ----------------------------
     def before_step(self, task_id: str, engine: str) -> None:
@@ -266,9 +267,20 @@ class DraftsFeed:
             work = self._queue
             self._queue = {}
             self._queued = 0
-            await asyncio.gather(
-                *(self._send(engine, tasks, client_for) for engine, tasks in work.items())
+            sending = asyncio.ensure_future(
+                asyncio.gather(
+                    *(self._send(engine, tasks, client_for) for engine, tasks in work.items())
+                )
             )
+            try:
+                await asyncio.shield(sending)
+            except asyncio.CancelledError:
+                # The session is ending: the calls in flight finish (each bounded by its
+                # timeout) and no new one starts, so what the workers received is what the
+                # stats count; cut mid-call, a delivered batch would go uncounted.
+                self._closing = True
+                await sending
+                raise
 
     async def _send(
         self,
@@ -280,7 +292,7 @@ class DraftsFeed:
             for start in range(0, len(texts), self.config.batch_texts):
                 batch = texts[start : start + self.config.batch_texts]
                 client = client_for(engine)
-                if client is None or engine in self._not_drafting:
+                if self._closing or client is None or engine in self._not_drafting:
                     self._unsend(engine, task_id, batch)
                     continue
                 try:
