@@ -19,5 +19,13 @@ from __future__ import annotations
 
 from heddle._rollout_client import Group, Rollout
 from heddle._runs import ClusterAccess, RolloutProgress
+from heddle.worker import changed_tensors, push_weights
 
-__all__ = ["ClusterAccess", "Group", "Rollout", "RolloutProgress"]
+__all__ = [
+    "ClusterAccess",
+    "Group",
+    "Rollout",
+    "RolloutProgress",
+    "changed_tensors",
+    "push_weights",
+]

@@ -66,6 +66,8 @@ from ._tiny_model import write_tiny_model
 from ._vllm_engine import VLLMConfig, VLLMEngine, parse_engine_arg
 from ._vllm_env import THREADS_BIND, vllm_cpu_env
 from ._weights import LoadedWeights, weights_path
+from ._weights_push import PushPlan, PushRequest, PushResult
+from ._weights_sender import changed_tensors, push_weights
 
 __all__ = [
     "DEFAULT_MAX_RESIDENT",
@@ -106,6 +108,9 @@ __all__ = [
     "LoadedWeights",
     "ModelManifest",
     "ParsedTurn",
+    "PushPlan",
+    "PushRequest",
+    "PushResult",
     "ResidentContexts",
     "Sampling",
     "SamplingParams",
@@ -125,6 +130,7 @@ __all__ = [
     "WorkerEndpoint",
     "WorkerState",
     "add_worker_arguments",
+    "changed_tensors",
     "check_batch_size_table",
     "check_vllm_environment",
     "create_app",
@@ -136,6 +142,7 @@ __all__ = [
     "parse_engine_arg",
     "parse_worker_argv",
     "probe_vllm_import",
+    "push_weights",
     "read_token",
     "serve",
     "suffix_available",
