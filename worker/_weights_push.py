@@ -201,6 +201,14 @@ _RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+def _cuda() -> bool:
+    try:
+        import torch  # noqa: PLC0415 - a worker without torch receives nothing over NCCL
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
 def add_push_routes(
     app: FastAPI,
     engine: Engine,
@@ -246,6 +254,10 @@ def add_push_routes(
                 409,
                 f"a push of version {pushes.current.plan.version!r} is under way on this "
                 "worker; wait for GET /v1/weights/push/{version} to answer, then push again",
+            )
+        if body.backend == "nccl" and not _cuda():
+            raise ApiError(
+                422, "backend nccl needs GPUs and this worker has none; push with backend gloo"
             )
         try:
             layout = engine.push_layout()

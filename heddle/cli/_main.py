@@ -269,15 +269,20 @@ def _cmd_bench(args: argparse.Namespace) -> int:
               f"start until ready {result['restart_start_s']:.2f} s)")  # fmt: skip
         print(f"  swap     {result['median_swap_s']:8.3f} s (median of {result['rounds']})")
         print(f"  swap is {result['speedup']:.0f}x faster")
-        print("  stall (seconds of generation lost while 4 streams kept stepping):")
+        load = result["load"]
+        print(f"  stall per path (seconds no token came, median of {result['rounds']}; load: "
+              f"{load['streams']} streams of {load['step_tokens']}-token steps):")  # fmt: skip
         for row in result["stall"]:
-            extra = (
-                f" (load {row['load_s']:.3f} s, drained {row['drained_s']:.3f} s, "
-                f"{row['refused_steps']} steps refused or aborted, {row['kept']} kept)"
-                if row["mode"] != "restart"
-                else ""
-            )
-            stall = "no tokens before" if row["stall_s"] is None else f"{row['stall_s']:8.3f} s"
+            stall = "not measured" if row["stall_s"] is None else f"{row['stall_s']:8.3f} s"
+            extra = ""
+            if row["mode"] != "restart":
+                extra = (
+                    f" (request {row['request_s']:.3f} s, paused/loading {row['load_s']:.3f} s, "
+                    f"kept {row['kept']}, {row['refused_steps']} steps refused or aborted, "
+                    f"{row['tokens_per_s_before']:.0f} tokens/s before"
+                    + (f", {row['pushed_mib']:.1f} MiB pushed" if row["pushed_mib"] else "")
+                    + ")"
+                )
             print(f"    {row['mode']:8} {stall}{extra}")
     elif args.target == "memory":
         from heddle.bench import bench_memory

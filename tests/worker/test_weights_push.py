@@ -177,6 +177,10 @@ async def test_push_refusals_and_a_trainer_that_never_sends(tmp_path: Path) -> N
                 json={**body, "group": {**body["group"], "world_size": 2, "rank": 2}},
             )
             assert rank.status_code == 422 and "does not fit world_size 2" in rank.text
+            nccl = await http.post("/v1/weights/push", json={**body, "backend": "nccl"})
+            if not torch.cuda.is_available():
+                assert nccl.status_code == 422
+                assert nccl.json()["error"].startswith("backend nccl needs GPUs")
         # After the failure the worker takes the next push.
         [ok] = await push_weights([endpoint], state_dict(1), "v3", timeout_s=20)
         assert ok["status"] == "loaded"
