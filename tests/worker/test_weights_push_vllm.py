@@ -60,7 +60,7 @@ def pushed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict
     url = f"http://127.0.0.1:{port}"
     proc = start_worker(paths["a"], port, f"--weights-root={root}")
     try:
-        wait_ready(proc, url)
+        wait_ready(proc, url, timeout_s=600)  # the shared 2 cores can be slow to start it
         yield url, paths
     finally:
         proc.terminate()
