@@ -72,7 +72,7 @@ class HeddleWorkerExtension:
         rank = int(spec["rank"]) + int(getattr(self, "rank", 0))
         device = "cpu" if spec["backend"] == "gloo" else str(getattr(self, "device", "cuda"))
         receiver = Receiver(spec, rank, device=device, stage=stage)
-        self._heddle_receiver = receiver
+        self._heddle_receiver: Receiver | None = receiver
         receiver.start()
         return True
 
@@ -84,7 +84,8 @@ class HeddleWorkerExtension:
         """Load the update into the model (the engine is paused): vLLM's in-place reload
         from the received tensors, which re-processes each layer it touches (repacking on
         the CPU build) and puts back every layer the update leaves out."""
-        receiver: Receiver = self._heddle_receiver
+        receiver: Receiver | None = self._heddle_receiver
+        assert receiver is not None, "heddle_push_begin comes first"
         try:
             quiet = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
             level = quiet.level
