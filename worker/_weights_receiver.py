@@ -24,7 +24,15 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["DTYPES", "Group", "Receiver", "broadcast", "open_group", "torch_dtype"]
+__all__ = [
+    "DTYPES",
+    "Group",
+    "Receiver",
+    "broadcast",
+    "open_group",
+    "open_store",
+    "torch_dtype",
+]
 
 # The dtypes a push may carry, by the names the wire uses (torch's own, without "torch.").
 DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -44,19 +52,27 @@ class Group:
     store: Any
 
 
-def open_group(spec: Mapping[str, Any], rank: int) -> Group:
-    """Join the trainer's group as ``rank``: gloo or NCCL over the trainer's TCPStore."""
+def open_store(spec: Mapping[str, Any], rank: int) -> Any:
+    """The trainer's TCPStore: served by rank 0 (at once, before the workers come), a
+    client elsewhere."""
     import torch.distributed as dist  # noqa: PLC0415
 
-    timeout = timedelta(seconds=float(spec["timeout_s"]))
-    store = dist.TCPStore(
+    return dist.TCPStore(
         spec["address"],
         int(spec["port"]),
         int(spec["world_size"]),
         is_master=rank == 0,
-        timeout=timeout,
+        timeout=timedelta(seconds=float(spec["timeout_s"])),
         wait_for_workers=False,
     )
+
+
+def open_group(spec: Mapping[str, Any], rank: int, store: Any = None) -> Group:
+    """Join the trainer's group as ``rank``: gloo or NCCL over the trainer's TCPStore."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    timeout = timedelta(seconds=float(spec["timeout_s"]))
+    store = store if store is not None else open_store(spec, rank)
     # One prefix per version: keys of an earlier update on the same store never collide.
     prefixed = dist.PrefixStore(f"heddle-weights/{spec['version']}", store)
     if spec["backend"] == "nccl":

@@ -26,7 +26,7 @@ import httpx
 from heddle.exceptions import WorkerError, WorkerRejectedError, WorkerUnavailableError
 
 from ._client import WorkerEndpoint
-from ._weights_receiver import DTYPES, broadcast, open_group
+from ._weights_receiver import DTYPES, broadcast, open_group, open_store
 
 __all__ = ["changed_tensors", "push_weights"]
 
@@ -135,6 +135,10 @@ async def _push(
             }
         )
         first += tp
+    spec = {"version": version, "address": address, "port": port, "world_size": world,
+            "backend": backend, "timeout_s": timeout_s}  # fmt: skip
+    # Served before the workers hear of it, so they meet it on their first try.
+    store = await asyncio.to_thread(open_store, spec, 0)
     answers = await asyncio.gather(
         *(c.post("/v1/weights/push", json=b) for c, b in zip(clients, bodies, strict=True))
     )
@@ -146,10 +150,8 @@ async def _push(
         raise WorkerRejectedError(
             workers[0].name, "the workers planned different tensors: push to one pool at a time"
         )
-    spec = {"version": version, "address": address, "port": port, "world_size": world,
-            "backend": backend, "timeout_s": timeout_s}  # fmt: skip
     try:
-        await asyncio.to_thread(_send, spec, plans[0], tensors, device)
+        await asyncio.to_thread(_send, spec, plans[0], tensors, device, store)
     except Exception as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise WorkerError(
@@ -170,10 +172,11 @@ def _send(
     plan: Sequence[tuple[str, str]],
     tensors: Mapping[str, Any],
     device: str,
+    store: Any,
 ) -> None:
     from ._weights_receiver import torch_dtype  # noqa: PLC0415
 
-    group = open_group(spec, 0)
+    group = open_group(spec, 0, store)
     for name, dtype in plan:
         tensor = tensors[name].detach().to(device=device, dtype=torch_dtype(dtype)).contiguous()
         broadcast(group, tensor)
