@@ -262,8 +262,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"  overhead       {100 * result['overhead']:8.1f} %")
     elif args.target == "weights":
         from heddle.bench import bench_weights
+        from heddle.worker import NAMED_MODELS, named_model_dir
 
-        result = bench_weights(model=args.model, rounds=max(1, min(args.repeats, 9)))
+        model = args.model
+        if model in NAMED_MODELS:
+            model = str(named_model_dir(model))
+        result = bench_weights(model=model, rounds=max(1, min(args.repeats, 9)))
         print(f"weights swap in place vs worker restart ({result['model']}):")
         print(f"  restart  {result['restart_s']:8.2f} s (stop {result['restart_stop_s']:.2f} s, "
               f"start until ready {result['restart_start_s']:.2f} s)")  # fmt: skip
