@@ -107,7 +107,8 @@ def test_pushed_weights_give_exactly_the_tokens_of_the_same_weights_from_disk(
     on_c = tokens(url, "ref-c")
     load(url, paths["a"], "disk-a")
     on_a = tokens(url, "ref-a")
-    assert on_a[0] != on_b[0] and on_b[0] != on_c[0]
+    assert on_a[0] != on_b[0]
+    assert on_b[1] != on_c[1]  # c's q_proj moves the logprobs (greedy tokens may agree)
 
     state_b = _state(paths["b"])
     full = push(url, state_b, "push-b", timeout_s=60)
