@@ -175,7 +175,9 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(known) if known else None
 
 
-async def _run(model: str | None, rounds: int, log_dir: Path) -> dict[str, Any]:
+async def _run(
+    model: str | None, rounds: int, log_dir: Path, restart_rounds: int
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="heddle-weights-") as tmp:
         if model is None:
             from heddle.worker import write_tiny_model  # noqa: PLC0415
@@ -189,7 +191,7 @@ async def _run(model: str | None, rounds: int, log_dir: Path) -> dict[str, Any]:
             engine="vllm", model=paths[0], log_dir=log_dir, weights_roots=roots
         )
         restarts = []
-        for _ in range(rounds - 1):
+        for _ in range(restart_rounds - 1):
             stop_s, start_s, pool = await _restart(options)
             restarts.append((stop_s, start_s))
             await pool.stop()
@@ -232,6 +234,7 @@ async def _run(model: str | None, rounds: int, log_dir: Path) -> dict[str, Any]:
     return {
         "model": model or "tiny (two random-weight checkpoints)",
         "rounds": rounds,
+        "restart_rounds": restart_rounds,
         "load": {"streams": _STREAMS, "step_tokens": _STEP_TOKENS, "window_s": _WINDOW_S},
         "restart_stop_s": statistics.median(a for a, _ in restarts),
         "restart_start_s": statistics.median(b for _, b in restarts),
@@ -245,7 +248,12 @@ async def _run(model: str | None, rounds: int, log_dir: Path) -> dict[str, Any]:
 
 
 def bench_weights(
-    *, model: str | None = None, rounds: int = 3, log_dir: Path = Path(".heddle/logs")
+    *,
+    model: str | None = None,
+    rounds: int = 3,
+    restart_rounds: int | None = None,
+    log_dir: Path = Path(".heddle/logs"),
 ) -> dict[str, Any]:
-    """Restart, swap and the stall per path (drain, keep, push, delta), ``rounds`` each."""
-    return asyncio.run(_run(model, rounds, log_dir))
+    """Restart, swap and the stall per path (drain, keep, push, delta), ``rounds`` each;
+    the restart ``restart_rounds`` times (default ``rounds``: each costs a worker start)."""
+    return asyncio.run(_run(model, rounds, log_dir, restart_rounds or rounds))
