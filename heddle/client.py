@@ -20,5 +20,14 @@ from __future__ import annotations
 from heddle._rollout_client import Group, Rollout
 from heddle._runs import ClusterAccess, RolloutProgress
 from heddle._trainer_client import TrainerClient
+from heddle.worker import changed_tensors, push_weights
 
-__all__ = ["ClusterAccess", "Group", "Rollout", "RolloutProgress", "TrainerClient"]
+__all__ = [
+    "ClusterAccess",
+    "Group",
+    "Rollout",
+    "RolloutProgress",
+    "TrainerClient",
+    "changed_tensors",
+    "push_weights",
+]

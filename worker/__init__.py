@@ -68,6 +68,8 @@ from ._tiny_model import write_tiny_model
 from ._vllm_engine import VLLMConfig, VLLMEngine, parse_engine_arg
 from ._vllm_env import THREADS_BIND, vllm_cpu_env
 from ._weights import LoadedWeights, weights_path
+from ._weights_push import PushPlan, PushRequest, PushResult
+from ._weights_sender import changed_tensors, push_weights
 
 __all__ = [
     "AUTO_CONTEXT_TOKENS",
@@ -109,6 +111,9 @@ __all__ = [
     "LoadedWeights",
     "ModelManifest",
     "ParsedTurn",
+    "PushPlan",
+    "PushRequest",
+    "PushResult",
     "ResidentContexts",
     "Sampling",
     "SamplingParams",
@@ -130,6 +135,7 @@ __all__ = [
     "add_worker_arguments",
     "auto_speculation",
     "auto_table",
+    "changed_tensors",
     "check_batch_size_table",
     "check_vllm_environment",
     "create_app",
@@ -142,6 +148,7 @@ __all__ = [
     "parse_engine_arg",
     "parse_worker_argv",
     "probe_vllm_import",
+    "push_weights",
     "read_token",
     "serve",
     "suffix_available",

@@ -52,6 +52,7 @@ from ._schemas import (
 )
 from ._speculation import SPECULATION_REFUSED_SAMPLING
 from ._weights import weights_path
+from ._weights_push import add_push_routes
 
 __all__ = ["WorkerState", "create_app"]
 
@@ -800,4 +801,5 @@ def create_app(
             m.weights.info({"version": engine.weights.version or "", "path": engine.weights.path})
         return PlainTextResponse(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
 
+    add_push_routes(app, engine, m, _refuse_when_unavailable)  # weights over a process group
     return app

@@ -5,13 +5,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from heddle.exceptions import CheckpointError, EngineError
 from heddle.scheduler import SAMPLING_DEFAULTS
 
 from ._speculation import NO_SPECULATION, Speculation
-from ._weights import LoadedWeights
+from ._weights import CheckpointLayout, LoadedWeights
 
 __all__ = ["Engine", "EngineError", "EngineStats", "ParsedTurn", "Sampling", "StepOutput"]
 
@@ -85,6 +86,9 @@ class Engine(ABC):
     max_model_len: int
     vocab_size: int  # token ids run from 0 to vocab_size - 1; known once started
     weights: LoadedWeights | None = None  # what it serves; set by start() and load_weights()
+    last_push: Mapping[str, Any] = MappingProxyType(
+        {}
+    )  # the last receive_weights' figures (bytes, receive_s, kept)
     speculation: Speculation = NO_SPECULATION  # how it drafts (resolved: never 'auto')
 
     @property
@@ -134,6 +138,29 @@ class Engine(ABC):
         :class:`EngineError` when the engine broke while loading.
         """
         raise CheckpointError(f"the {self.name} engine cannot load weights in place")
+
+    def push_layout(self) -> CheckpointLayout | None:
+        """What pushed tensors must match (names, shapes); None: anything (no weights).
+
+        Raises :class:`~heddle.exceptions.CheckpointError` where the engine cannot
+        receive pushed weights, saying why.
+        """
+        raise CheckpointError(f"the {self.name} engine cannot receive pushed weights")
+
+    async def fused_modules(self) -> Mapping[str, Sequence[str]]:
+        """Modules the engine loads from several checkpoint tensors (``qkv_proj``: q, k, v)."""
+        return {}
+
+    async def receive_weights(self, spec: Mapping[str, Any], *, delta: bool) -> LoadedWeights:
+        """Join the trainer's group, receive the plan's tensors and load them in place
+        (:mod:`._weights_push`); :attr:`last_push` then holds the receipt's figures.
+
+        ``delta``: received while steps run, then a pause (steps kept) for the load;
+        else streamed into the paused engine. The prefix cache is reset. Raises
+        :class:`~heddle.exceptions.CheckpointError` when nothing was loaded (the old
+        weights keep serving), :class:`EngineError` when the engine broke while loading.
+        """
+        raise CheckpointError(f"the {self.name} engine cannot receive pushed weights")
 
     async def seed_drafts(self, key: str, token_ids: list[int]) -> bool:
         """Add a text the engine may draft from (vLLM's suffix cache); False: it cannot."""

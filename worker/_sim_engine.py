@@ -20,6 +20,7 @@ import contextlib
 import heapq
 import itertools
 import math
+import os
 import random
 import re
 import time
@@ -28,10 +29,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from heddle.exceptions import CheckpointError
 from heddle.scheduler import PerfModel
 
 from ._engine import Engine, EngineError, EngineStats, Sampling, StepOutput
-from ._weights import LoadedWeights, checkpoint_dir
+from ._weights import CheckpointLayout, LoadedWeights, checkpoint_dir, checkpoint_layout
+from ._weights_receiver import Receiver
 
 __all__ = ["SIM_MAX_MODEL_LEN", "SimulatedEngine"]
 
@@ -153,6 +156,39 @@ class SimulatedEngine(Engine):
             if key not in held:
                 self._cache.pop(key)
         self.weights = LoadedWeights(path, version)
+        return self.weights
+
+    def push_layout(self) -> CheckpointLayout | None:
+        """The checkpoint the sim was started on, when it is one (header only): pushed
+        tensors must then match it as on vLLM; else any tensors are taken."""
+        if os.path.isdir(self.model):
+            return checkpoint_layout(self.model)
+        return None
+
+    async def receive_weights(self, spec: Mapping[str, Any], *, delta: bool) -> LoadedWeights:
+        """Receives the tensors over the trainer's group for real (gloo) and drops them:
+        the sim has no weights, so its tokens do not change; the version and the prefix
+        cache change as on vLLM (the cache of the running steps is kept)."""
+        receiver = Receiver(spec, int(spec["rank"]), stage=True)
+        receiver.start()
+        while receiver.phase not in ("received", "failed"):
+            await asyncio.sleep(0.01)
+        receiver.close()
+        if receiver.error is not None:
+            raise CheckpointError(receiver.error)
+        started = time.monotonic()
+        held = {r.trajectory_id for r in self._running}
+        for key in list(self._cache.keys()):
+            if key not in held:
+                self._cache.pop(key)
+        self.last_push = {
+            "received_bytes": receiver.received_bytes,
+            "receive_s": receiver.receive_s,
+            "kept": len(held),
+        }
+        version = str(spec["version"])
+        where = f"push://{spec['address']}:{spec['port']}"
+        self.weights = LoadedWeights(where, version, time.monotonic() - started)
         return self.weights
 
     async def shutdown(self) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from heddle.exceptions import ConfigError, EngineInputError
+from heddle.exceptions import CheckpointError, ConfigError, EngineInputError
 from heddle.scheduler import ENGINE_BATCH_CAP
 
 from ._auto_speculation import auto_speculation
@@ -209,6 +209,7 @@ class VLLMEngine(Engine):
         self._in_flight: dict[str, str] = {}  # request id -> trajectory id
         self._aborted: set[str] = set()
         self._reset_task: asyncio.Task[None] | None = None  # a prefix-cache reset after keep
+        self._fused: dict[str, list[str]] | None = None  # the model's fused modules, once asked
         self._failed: str | None = None
         self.generated_tokens = 0
         # Latest scheduler figures vLLM reported (running, waiting, KV usage).
@@ -311,8 +312,66 @@ class VLLMEngine(Engine):
             if keep:
                 await self._llm.resume_generation()
         self.weights = LoadedWeights(path, version, time.monotonic() - started)
+        await self._after_load(version, keep=keep)
+        return self.weights
+
+    async def _after_load(self, version: str, *, keep: bool) -> None:
+        """Cached prefixes were computed with the old weights: drop them (retried while
+        kept requests hold blocks)."""
         if not await self._llm.reset_prefix_cache() and keep:
             self._reset_task = asyncio.create_task(self._reset_prefix_cache(version))
+
+    def push_layout(self) -> CheckpointLayout | None:
+        if self._layout is None:
+            raise CheckpointError(
+                f"this worker started from {self.model}, not a checkpoint directory, so it "
+                "cannot check pushed tensors' names and shapes; start it from a directory"
+            )
+        return self._layout
+
+    async def fused_modules(self) -> Mapping[str, Sequence[str]]:
+        if self._fused is None:
+            found = await self._llm.collective_rpc("heddle_packed_modules")
+            self._fused = dict(found[0]) if found else {}
+        return self._fused
+
+    async def receive_weights(self, spec: Mapping[str, Any], *, delta: bool) -> LoadedWeights:
+        """Weights over the trainer's group into every TP rank (:mod:`._weights_receiver`
+        in each vLLM worker, through ``collective_rpc``), then vLLM's in-place reload from
+        them with the engine paused, requests kept (``pause_generation(mode="keep")``)."""
+        if not self.ready:
+            raise EngineError(self._failed or "the vLLM engine is not running")
+        await self._llm.collective_rpc("heddle_push_begin", args=(dict(spec), delta))
+        want = "received" if delta else "joined"
+        while True:  # joining (and, for a delta, receiving) runs beside generation
+            statuses = await self._llm.collective_rpc("heddle_push_status")
+            failed = [s["error"] for s in statuses if s["phase"] == "failed"]
+            if failed:
+                await self._llm.collective_rpc("heddle_push_drop")
+                raise CheckpointError(str(failed[0]))
+            if all(s["phase"] == want for s in statuses):
+                break
+            await asyncio.sleep(0.02)
+        kept = len(self._in_flight)
+        started = time.monotonic()
+        await self._llm.pause_generation(mode="keep", clear_cache=False)
+        try:
+            statuses = await self._llm.collective_rpc("heddle_push_apply")
+        except Exception as exc:
+            # Part of the update is in the weights: nothing safe to serve from.
+            self._failed = f"loading pushed weights (version {spec['version']}) broke: {exc}"
+            raise EngineError(self._failed) from exc
+        finally:
+            await self._llm.resume_generation()
+        stall_s = time.monotonic() - started
+        self.last_push = {
+            "received_bytes": sum(int(s["received_bytes"]) for s in statuses) // len(statuses),
+            "receive_s": max(float(s["receive_s"]) for s in statuses),
+            "kept": kept,
+        }
+        where = f"push://{spec['address']}:{spec['port']}"
+        self.weights = LoadedWeights(where, str(spec["version"]), stall_s)
+        await self._after_load(str(spec["version"]), keep=True)
         return self.weights
 
     async def _reset_prefix_cache(self, version: str) -> None:

@@ -9,10 +9,12 @@ attributes clash with its worker's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._vllm_patches import apply_patches
+from ._weights_receiver import Receiver
 
 __all__ = ["HeddleWorkerExtension"]
 
@@ -65,3 +67,51 @@ class HeddleWorkerExtension:
         for req_id in done:
             cache.evict_cached_response(req_id)
         return len(done)
+
+    # -- weights pushed over a process group (heddle.worker._weights_push) ------------------
+    def heddle_packed_modules(self) -> dict[str, list[str]]:
+        """The model's fused modules (``qkv_proj``: q, k, v): a delta must send them whole."""
+        model: Any = self.model_runner.get_model()  # type: ignore[attr-defined]
+        mapping = getattr(model, "packed_modules_mapping", None) or {}
+        return {str(k): [str(v) for v in vs] for k, vs in dict(mapping).items()}
+
+    def heddle_push_begin(self, spec: Mapping[str, Any], stage: bool) -> bool:
+        """Join the trainer's group in a thread (and, ``stage``, receive every tensor)."""
+        rank = int(spec["rank"]) + int(getattr(self, "rank", 0))
+        device = "cpu" if spec["backend"] == "gloo" else str(getattr(self, "device", "cuda"))
+        receiver = Receiver(spec, rank, device=device, stage=stage)
+        self._heddle_receiver: Receiver | None = receiver
+        receiver.start()
+        return True
+
+    def heddle_push_status(self) -> dict[str, Any]:
+        receiver: Receiver | None = getattr(self, "_heddle_receiver", None)
+        return receiver.status() if receiver is not None else {"phase": "none", "error": None}
+
+    def heddle_push_apply(self) -> dict[str, Any]:
+        """Load the update into the model (the engine is paused): vLLM's in-place reload
+        from the received tensors, which re-processes each layer it touches (repacking on
+        the CPU build) and puts back every layer the update leaves out."""
+        receiver: Receiver | None = self._heddle_receiver
+        assert receiver is not None, "heddle_push_begin comes first"
+        try:
+            quiet = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+            level = quiet.level
+            # A delta leaves most layers out; vLLM warns "Failed to load weights" for each.
+            quiet.setLevel(logging.ERROR)
+            try:
+                self.reload_weights(  # type: ignore[attr-defined]
+                    weights_iterator=receiver.stream(), is_checkpoint_format=True
+                )
+            finally:
+                quiet.setLevel(level)
+            return receiver.status()
+        finally:
+            receiver.close()
+
+    def heddle_push_drop(self) -> None:
+        """Forget a failed or refused update's receiver (and anything it staged)."""
+        receiver: Receiver | None = getattr(self, "_heddle_receiver", None)
+        if receiver is not None:
+            receiver.close()
+        self._heddle_receiver = None

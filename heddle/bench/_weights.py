@@ -10,12 +10,15 @@ reloaded under new versions: the same bytes to read).
 
 The **stall** is what a load costs the rollout while it runs: a few streams
 keep stepping (small steps, as a session does; a refused step is sent again
-after 50 ms) and the tokens they get in a window after the load starts are
-compared with a window before it; stall = window − tokens ÷ rate before, the
-time the engine generated nothing (aborted steps' tokens count as lost). Per
-path: ``drain`` (steps in flight finish or are aborted, then the load),
-``keep`` (the engine pauses with them inside and resumes them), and the
-restart (no token between stop and ready).
+after 50 ms); the tokens they get from the load's start until a window after
+its end are compared with a window before it: stall = that span − tokens ÷ the
+rate before, the time the engine generated nothing (aborted steps' tokens count
+as lost). Per path, ``rounds`` times each, medians reported: ``drain`` (steps in
+flight finish or are aborted, then the disk reload), ``keep`` (the engine pauses
+with them inside, reloads from disk, resumes them), ``push`` (every tensor over
+gloo from this process, streamed into the paused engine), ``delta`` (the last
+decoder layer's tensors over gloo, received while the engine generates, then a
+pause for the load), and the restart (no token between stop and ready).
 """
 
 from __future__ import annotations
@@ -68,11 +71,47 @@ async def _swaps(endpoint: WorkerEndpoint, paths: list[str], rounds: int) -> lis
 
 _STREAMS = 4  # trajectories stepping at once while a load runs
 _STEP_TOKENS = 8  # small steps: a completion every few tenths of a second
-_WINDOW_S = 4.0
+_WINDOW_S = 4.0  # before the load, and after it has ended
+PATHS = ("drain", "keep", "push", "delta")  # in-place paths, besides the restart
 
 
-async def _stall(endpoint: WorkerEndpoint, path: str, version: str, mode: str) -> dict[str, Any]:
-    """Tokens the streams get in a window before a load and in one from its start."""
+def _delta_names(names: list[str]) -> list[str]:
+    """The delta the bench pushes: the last decoder layer's tensors (a run that trains a
+    few layers, or a small change), about 1/L of the model."""
+    layers = [n for n in names if ".layers." in n]
+    if not layers:
+        return names[:1]
+    last = max(int(n.split(".layers.")[1].split(".")[0]) for n in layers)
+    return [n for n in layers if n.split(".layers.")[1].split(".")[0] == str(last)]
+
+
+async def _act(
+    http: httpx.AsyncClient, endpoint: WorkerEndpoint, path: str, version: str, mode: str,
+    state: dict[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    """Run one load by ``mode``; what it reports."""
+    if mode in ("drain", "keep"):
+        body = {"path": path, "version": version, "mode": mode}
+        answer = (await http.post("/v1/weights", json=body)).json()
+        return {k: answer.get(k) for k in ("load_s", "drained_s", "kept")}
+    from heddle.worker import push_weights  # noqa: PLC0415
+
+    changed = _delta_names(list(state)) if mode == "delta" else None
+    [answer] = await push_weights([endpoint], state, version, changed=changed, timeout_s=300)
+    return {
+        "load_s": answer["stall_s"],
+        "kept": answer["kept"],
+        "pushed_mib": answer["bytes"] / 2**20,
+        "receive_s": answer["receive_s"],
+        "tensors": answer["tensors"],
+    }
+
+
+async def _stall(
+    endpoint: WorkerEndpoint, path: str, version: str, mode: str, state: dict[str, Any]
+) -> dict[str, Any]:
+    """Tokens the streams get in a window before a load and from its start until a window
+    after its end: stall = that span - tokens / the rate before (time no token came)."""
     headers = {"Authorization": f"Bearer {endpoint.token}"} if endpoint.token else {}
     done: list[tuple[float, int]] = []  # (completion time, tokens)
     refused = 0
@@ -83,14 +122,15 @@ async def _stall(endpoint: WorkerEndpoint, path: str, version: str, mode: str) -
         n = 0
         while not stop.is_set():
             n += 1
+            tid = f"stall-{version}-{i}-{n}"
             body = {  # a fresh trajectory per step: the context stays short, the prompt cached
                 "append_token_ids": [1] * 32,
                 "sampling": {"max_tokens": _STEP_TOKENS, "ignore_eos": True},
             }
-            reply = await http.post(f"/v1/trajectories/stall-{mode}-{i}-{n}/generate", json=body)
+            reply = await http.post(f"/v1/trajectories/{tid}/generate", json=body)
             if reply.status_code == 200:
                 done.append((time.perf_counter(), len(reply.json()["token_ids"])))
-                await http.delete(f"/v1/trajectories/stall-{mode}-{i}-{n}")
+                await http.delete(f"/v1/trajectories/{tid}")
             else:  # refused while loading, or aborted by the drain: as a session, again soon
                 refused += 1
                 await asyncio.sleep(0.05)
@@ -101,27 +141,43 @@ async def _stall(endpoint: WorkerEndpoint, path: str, version: str, mode: str) -
         before = time.perf_counter()
         await asyncio.sleep(_WINDOW_S)
         started = time.perf_counter()
-        body = {"path": path, "version": version, "mode": mode}
-        answer = (await http.post("/v1/weights", json=body)).json()
-        request_s = time.perf_counter() - started
-        await asyncio.sleep(max(0.0, started + _WINDOW_S - time.perf_counter()))
+        info = await _act(http, endpoint, path, version, mode, state)
+        ended = time.perf_counter()
+        # The window after runs from the load's start to _WINDOW_S after its end, so the
+        # steps it paused (keep) or refused finish inside it, however long the load took.
+        await asyncio.sleep(max(0.0, ended + _WINDOW_S - time.perf_counter()))
         stop.set()
         await asyncio.gather(*streams)
+    span = ended + _WINDOW_S - started
     rate = sum(t for at, t in done if before <= at < started) / _WINDOW_S
-    after = sum(t for at, t in done if started <= at < started + _WINDOW_S)
+    after = sum(t for at, t in done if started <= at < started + span)
     return {
         "mode": mode,
-        "request_s": request_s,
-        "load_s": answer.get("load_s"),
-        "drained_s": answer.get("drained_s"),
-        "kept": answer.get("kept"),
+        "request_s": ended - started,
+        **info,
         "tokens_per_s_before": rate,
-        "stall_s": max(0.0, _WINDOW_S - after / rate) if rate else None,
+        "stall_s": max(0.0, span - after / rate) if rate else None,
         "refused_steps": refused,
     }
 
 
-async def _run(model: str | None, rounds: int, log_dir: Path) -> dict[str, Any]:
+def _load_state(path: str) -> dict[str, Any]:
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    state: dict[str, Any] = {}
+    for file in sorted(Path(path).glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    return state
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+async def _run(
+    model: str | None, rounds: int, log_dir: Path, restart_rounds: int
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="heddle-weights-") as tmp:
         if model is None:
             from heddle.worker import write_tiny_model  # noqa: PLC0415
@@ -129,36 +185,75 @@ async def _run(model: str | None, rounds: int, log_dir: Path) -> dict[str, Any]:
             paths = [str(write_tiny_model(Path(tmp) / f"ckpt-{s}", seed=s)) for s in (0, 1)]
         else:
             paths = [model]
+        states = [_load_state(p) for p in paths]
         roots = tuple(sorted({str(Path(p).resolve().parent) for p in paths}))
         options = LocalWorkerOptions(
             engine="vllm", model=paths[0], log_dir=log_dir, weights_roots=roots
         )
+        restarts = []
+        for _ in range(restart_rounds - 1):
+            stop_s, start_s, pool = await _restart(options)
+            restarts.append((stop_s, start_s))
+            await pool.stop()
         stop_s, start_s, pool = await _restart(options)
+        restarts.append((stop_s, start_s))
         try:
             endpoint = next(iter(pool.procs.values())).endpoint
             swaps = await _swaps(endpoint, paths, rounds)
-            stalls = [
-                await _stall(endpoint, paths[(k + 1) % len(paths)], f"stall-{k}", mode)
-                for k, mode in enumerate(("drain", "keep"))
-            ]
+            stalls = []
+            for r in range(rounds):
+                for k, mode in enumerate(PATHS):
+                    other = (r * len(PATHS) + k + 1) % len(paths)
+                    version = f"{mode}-{r}"
+                    stalls.append(
+                        await _stall(endpoint, paths[other], version, mode, states[other])
+                    )
         finally:
             await pool.stop()
     swap_s = statistics.median(s["wall_s"] for s in swaps)
+    restart_s = statistics.median(a + b for a, b in restarts)
+    table = []
+    for mode in PATHS:
+        rows = [s for s in stalls if s["mode"] == mode]
+        table.append(
+            {
+                "mode": mode,
+                "stall_s": _median([r["stall_s"] for r in rows]),
+                "stalls_s": [r["stall_s"] for r in rows],
+                "load_s": _median([r["load_s"] for r in rows]),
+                "request_s": _median([r["request_s"] for r in rows]),
+                "kept": _median([r["kept"] for r in rows]),
+                "refused_steps": _median([r["refused_steps"] for r in rows]),
+                "tokens_per_s_before": _median([r["tokens_per_s_before"] for r in rows]),
+                "pushed_mib": _median([r.get("pushed_mib") for r in rows]),
+            }
+        )
+    table.append(
+        {"mode": "restart", "stall_s": restart_s, "stalls_s": [a + b for a, b in restarts]}
+    )
     return {
         "model": model or "tiny (two random-weight checkpoints)",
         "rounds": rounds,
-        "restart_stop_s": stop_s,
-        "restart_start_s": start_s,
-        "restart_s": stop_s + start_s,
+        "restart_rounds": restart_rounds,
+        "load": {"streams": _STREAMS, "step_tokens": _STEP_TOKENS, "window_s": _WINDOW_S},
+        "restart_stop_s": statistics.median(a for a, _ in restarts),
+        "restart_start_s": statistics.median(b for _, b in restarts),
+        "restart_s": restart_s,
         "swap_s": [s["wall_s"] for s in swaps],
         "median_swap_s": swap_s,
-        "speedup": (stop_s + start_s) / swap_s,
-        # the restart's stall: no worker between the stop and ready
-        "stall": [*stalls, {"mode": "restart", "stall_s": stop_s + start_s}],
+        "speedup": restart_s / swap_s,
+        "stall": table,
+        "stall_runs": stalls,
     }
 
 
 def bench_weights(
-    *, model: str | None = None, rounds: int = 5, log_dir: Path = Path(".heddle/logs")
+    *,
+    model: str | None = None,
+    rounds: int = 3,
+    restart_rounds: int | None = None,
+    log_dir: Path = Path(".heddle/logs"),
 ) -> dict[str, Any]:
-    return asyncio.run(_run(model, rounds, log_dir))
+    """Restart, swap and the stall per path (drain, keep, push, delta), ``rounds`` each;
+    the restart ``restart_rounds`` times (default ``rounds``: each costs a worker start)."""
+    return asyncio.run(_run(model, rounds, log_dir, restart_rounds or rounds))

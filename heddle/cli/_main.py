@@ -262,22 +262,36 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"  overhead       {100 * result['overhead']:8.1f} %")
     elif args.target == "weights":
         from heddle.bench import bench_weights
+        from heddle.worker import NAMED_MODELS, named_model_dir
 
-        result = bench_weights(model=args.model, rounds=max(1, min(args.repeats, 9)))
+        model = args.model
+        if model in NAMED_MODELS:
+            model = str(named_model_dir(model))
+        result = bench_weights(
+            model=model,
+            rounds=max(1, min(args.repeats, 9)),
+            restart_rounds=args.restart_repeats and max(1, min(args.restart_repeats, 9)),
+        )
         print(f"weights swap in place vs worker restart ({result['model']}):")
         print(f"  restart  {result['restart_s']:8.2f} s (stop {result['restart_stop_s']:.2f} s, "
               f"start until ready {result['restart_start_s']:.2f} s)")  # fmt: skip
         print(f"  swap     {result['median_swap_s']:8.3f} s (median of {result['rounds']})")
         print(f"  swap is {result['speedup']:.0f}x faster")
-        print("  stall (seconds of generation lost while 4 streams kept stepping):")
+        load = result["load"]
+        print(f"  stall per path (seconds no token came, median of {result['rounds']}, the restart "
+              f"of {result['restart_rounds']}; load: "
+              f"{load['streams']} streams of {load['step_tokens']}-token steps):")  # fmt: skip
         for row in result["stall"]:
-            extra = (
-                f" (load {row['load_s']:.3f} s, drained {row['drained_s']:.3f} s, "
-                f"{row['refused_steps']} steps refused or aborted, {row['kept']} kept)"
-                if row["mode"] != "restart"
-                else ""
-            )
-            stall = "no tokens before" if row["stall_s"] is None else f"{row['stall_s']:8.3f} s"
+            stall = "not measured" if row["stall_s"] is None else f"{row['stall_s']:8.3f} s"
+            extra = ""
+            if row["mode"] != "restart":
+                extra = (
+                    f" (request {row['request_s']:.3f} s, paused/loading {row['load_s']:.3f} s, "
+                    f"kept {row['kept']}, {row['refused_steps']} steps refused or aborted, "
+                    f"{row['tokens_per_s_before']:.0f} tokens/s before"
+                    + (f", {row['pushed_mib']:.1f} MiB pushed" if row["pushed_mib"] else "")
+                    + ")"
+                )
             print(f"    {row['mode']:8} {stall}{extra}")
     elif args.target == "memory":
         from heddle.bench import bench_memory
@@ -679,6 +693,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--jobs", type=int, default=1, help="with --iterations: configurations run in parallel"
     )
     p_bench.add_argument("--repeats", type=int, default=21)
+    p_bench.add_argument(
+        "--restart-repeats",
+        type=int,
+        default=None,
+        help="for 'weights': how often to time the restart (default --repeats; each is a "
+        "worker start)",
+    )
     p_bench.add_argument("--seed", type=int, default=1)
     p_bench.add_argument("--out", default="bench-out", help="directory for the JSON result")
     p_bench.set_defaults(func=_cmd_bench)
