@@ -21,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from heddle.rollout import LocalPool, LocalWorkerOptions
@@ -152,24 +153,102 @@ def start_pool(tps: list[int], tmp: Path, **options: Any) -> tuple[LocalPool, li
     return pool, workers
 
 
-@pytest.fixture
-def sim_pool(tmp_path: Path) -> Iterator[tuple[LocalPool, list[WorkerEndpoint]]]:
-    """Two real ``heddle worker --engine sim`` processes (performance model at 1/50 time)."""
-    pool, workers = start_pool([1, 1], tmp_path)
-    try:
-        yield pool, workers
-    finally:
-        asyncio.run(pool.stop())
+class SharedPool:
+    """One pool of sim workers reused by the tests of a pytest process, started on first use.
+
+    Starting two worker processes costs seconds; most tests only send steps through them.
+    After each test :meth:`release` checks that the workers are as a fresh pool's would be
+    (alive, ready, nothing running, waiting or resident, start-up weights); a test that
+    killed, reloaded or left anything on a worker gets its pool stopped, and the next test
+    a fresh one, so no test sees another's workers in a changed state.
+    """
+
+    def __init__(self, root: Path, **options: Any) -> None:
+        self.root = root
+        self.options = options
+        self.current: tuple[LocalPool, list[WorkerEndpoint]] | None = None
+        self.starts = 0
+
+    def acquire(self) -> tuple[LocalPool, list[WorkerEndpoint]]:
+        if self.current is None:
+            self.starts += 1
+            logs = self.root / f"pool-{self.starts}"
+            # Tests write their checkpoints under their own tmp_path: all below the base temp.
+            self.current = start_pool([1, 1], logs, **self.options)
+        pool, workers = self.current
+        return pool, list(workers)
+
+    def release(self) -> None:
+        if self.current is not None and not _pristine(*self.current):
+            self.close()
+
+    def close(self) -> None:
+        if self.current is not None:
+            pool, self.current = self.current[0], None
+            asyncio.run(pool.stop())
+
+
+def _pristine(pool: LocalPool, workers: list[WorkerEndpoint], settle_s: float = 5.0) -> bool:
+    """Whether every worker is alive and holds nothing a test left (steps may still drain)."""
+    if any(proc.process.poll() is not None for proc in pool.procs.values()):
+        return False
+    headers = {"Authorization": f"Bearer {pool.token}"}
+    deadline = time.monotonic() + settle_s
+    for worker in workers:
+        while True:
+            try:
+                state = httpx.get(f"{worker.url}/v1/state", headers=headers, timeout=2.0).json()
+            except httpx.HTTPError:
+                return False
+            if state["running"] == 0 and state["waiting"] == 0:
+                break
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        if state["resident_trajectories"] or state["weight_version"] is not None:
+            return False
+        if not state["ready"] or state["draining"]:
+            return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def _shared_sim_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedPool]:
+    shared = SharedPool(
+        tmp_path_factory.mktemp("sim-pool"),
+        weights_roots=(str(tmp_path_factory.getbasetemp()),),
+    )
+    yield shared
+    shared.close()
+
+
+@pytest.fixture(scope="session")
+def _shared_scripted_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedPool]:
+    shared = SharedPool(
+        tmp_path_factory.mktemp("scripted-pool"),
+        weights_roots=(str(tmp_path_factory.getbasetemp()),),
+        scripted_replies=True,
+    )
+    yield shared
+    shared.close()
 
 
 @pytest.fixture
-def scripted_pool(tmp_path: Path) -> Iterator[tuple[LocalPool, list[WorkerEndpoint]]]:
-    """Two sim workers that answer each turn with the prompt's next ``<reply>`` block."""
-    pool, workers = start_pool([1, 1], tmp_path, scripted_replies=True)
-    try:
-        yield pool, workers
-    finally:
-        asyncio.run(pool.stop())
+def sim_pool(_shared_sim_pool: SharedPool) -> Iterator[tuple[LocalPool, list[WorkerEndpoint]]]:
+    """Two real ``heddle worker --engine sim`` processes (performance model at 1/50 time),
+    shared between tests while they come back pristine (see :class:`SharedPool`)."""
+    yield _shared_sim_pool.acquire()
+    _shared_sim_pool.release()
+
+
+@pytest.fixture
+def scripted_pool(
+    _shared_scripted_pool: SharedPool,
+) -> Iterator[tuple[LocalPool, list[WorkerEndpoint]]]:
+    """Two sim workers that answer each turn with the prompt's next ``<reply>`` block
+    (shared like ``sim_pool``)."""
+    yield _shared_scripted_pool.acquire()
+    _shared_scripted_pool.release()
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:

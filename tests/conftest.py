@@ -10,9 +10,21 @@ from hypothesis import settings
 from heddle.scheduler import HARDWARE_PRESETS, MODEL_PRESETS, EngineInstance, PerfModel
 
 # Real worker processes and a real tool server, for the rollout's and the operator's tests.
-from ._rollout_fixtures import scripted_pool, sim_pool, tool_server
+from ._rollout_fixtures import (
+    _shared_scripted_pool,
+    _shared_sim_pool,
+    scripted_pool,
+    sim_pool,
+    tool_server,
+)
 
-__all__ = ["scripted_pool", "sim_pool", "tool_server"]
+__all__ = [
+    "_shared_scripted_pool",
+    "_shared_sim_pool",
+    "scripted_pool",
+    "sim_pool",
+    "tool_server",
+]
 
 
 @pytest.fixture
