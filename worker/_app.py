@@ -730,9 +730,17 @@ def create_app(
             speculation=_speculation_state(engine),
         )
 
-    @app.post("/v1/weights", response_model=WeightsResponse, responses=_errors(400, 413, 422, 503))
+    @app.post(
+        "/v1/weights", response_model=WeightsResponse, responses=_errors(400, 409, 413, 422, 503)
+    )
     async def load_weights(body: WeightsRequest) -> WeightsResponse:
         _refuse_when_unavailable()
+        if pushes.current is not None:
+            raise ApiError(
+                409,
+                f"weights version {pushes.current.plan.version!r} are being pushed to this "
+                "worker; load from disk once GET /v1/weights/push/{version} has answered",
+            )
         try:
             weights_path(body.path, weights_roots)
         except CheckpointError as exc:
@@ -801,5 +809,6 @@ def create_app(
             m.weights.info({"version": engine.weights.version or "", "path": engine.weights.path})
         return PlainTextResponse(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
 
-    add_push_routes(app, engine, m, _refuse_when_unavailable)  # weights over a process group
+    # weights over a process group; never at the same time as a load from disk
+    pushes = add_push_routes(app, engine, m, _refuse_when_unavailable, lambda: state.loading)
     return app

@@ -195,7 +195,7 @@ class _Pushes:
 
 _RESPONSES: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse, "description": "no push of that version on this worker"},
-    409: {"model": ErrorResponse, "description": "another push is under way"},
+    409: {"model": ErrorResponse, "description": "another push or a disk load is under way"},
     422: {"model": ErrorResponse, "description": "the manifest does not fit the model"},
     503: {"model": ErrorResponse, "description": "not ready, loading or shutting down"},
 }
@@ -214,12 +214,29 @@ def add_push_routes(
     engine: Engine,
     metrics: Any,
     refuse_when_unavailable: Callable[[], None],
-) -> None:
+    disk_loading: Callable[[], str | None],
+) -> _Pushes:
     """``POST /v1/weights/push`` and ``GET /v1/weights/push/{version}`` on ``app``.
 
-    ``metrics`` is the worker's (its weight-load counters).
+    ``metrics`` is the worker's (its weight-load counters); ``disk_loading`` names the
+    version ``POST /v1/weights`` is loading, if any: the two paths never overlap. The
+    returned pushes let that route refuse while a push is under way.
     """
     pushes = _Pushes()
+
+    def refuse_when_busy() -> None:
+        if pushes.current is not None:
+            raise ApiError(
+                409,
+                f"a push of version {pushes.current.plan.version!r} is under way on this "
+                "worker; wait for GET /v1/weights/push/{version} to answer, then push again",
+            )
+        if (loading := disk_loading()) is not None:
+            raise ApiError(
+                409,
+                f"the worker is loading weights version {loading!r} from disk; push once "
+                "that POST /v1/weights has answered",
+            )
 
     async def run(transfer: _Transfer, spec: dict[str, Any]) -> None:
         held = engine.weights.version if engine.weights else None
@@ -249,12 +266,7 @@ def add_push_routes(
     @app.post("/v1/weights/push", response_model=PushPlan, responses=_RESPONSES, tags=["weights"])
     async def push(body: PushRequest) -> PushPlan:
         refuse_when_unavailable()
-        if pushes.current is not None:
-            raise ApiError(
-                409,
-                f"a push of version {pushes.current.plan.version!r} is under way on this "
-                "worker; wait for GET /v1/weights/push/{version} to answer, then push again",
-            )
+        refuse_when_busy()
         if body.backend == "nccl" and not _cuda():
             raise ApiError(
                 422, "backend nccl needs GPUs and this worker has none; push with backend gloo"
@@ -290,6 +302,7 @@ def add_push_routes(
             "timeout_s": body.timeout_s,
             "tensors": [t.model_dump() for t in plan],
         }
+        refuse_when_busy()  # again: another push or a disk load may have begun meanwhile
         pushes.current = transfer
         pushes.remember(transfer)
         transfer.task = asyncio.create_task(run(transfer, spec), name=f"push-{body.version}")
@@ -315,3 +328,5 @@ def add_push_routes(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(transfer.done.wait(), max(0.0, deadline - time.monotonic()))
         return transfer.result
+
+    return pushes

@@ -162,6 +162,9 @@ async def test_push_refusals_and_a_trainer_that_never_sends(tmp_path: Path) -> N
             busy = await http.post("/v1/weights/push", json={**body, "version": "v2"})
             assert busy.status_code == 409
             assert "a push of version 'v1' is under way" in busy.json()["error"]
+            disk = await http.post("/v1/weights", json={"path": ckpt, "version": "disk"})
+            assert disk.status_code == 409  # a load from disk never overlaps a push
+            assert "weights version 'v1' are being pushed" in disk.json()["error"]
             result = (await http.get("/v1/weights/push/v1", params={"wait_s": 30})).json()
             assert result["status"] == "failed"
             assert result["error"].startswith(
