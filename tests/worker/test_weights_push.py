@@ -153,7 +153,7 @@ async def test_push_refusals_and_a_trainer_that_never_sends(tmp_path: Path) -> N
         assert "tensor model.norm.weight has shape [17], the running model's has [16]" in str(
             caught.value
         )
-        async with httpx.AsyncClient(base_url=endpoint.url) as http:
+        async with httpx.AsyncClient(base_url=endpoint.url, timeout=60) as http:
             body: dict[str, Any] = request(["model.norm.weight"], delta=True).model_dump()
             body["group"]["port"] = _free_port()  # nobody serves it: the trainer never comes
             body["timeout_s"] = 5.0  # long enough for the 409s below under load
