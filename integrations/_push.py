@@ -3,8 +3,9 @@
 Any adapter's weight hook calls :meth:`WeightPusher.push` with the trainer's state
 dict: the first push (and every push in ``full`` mode) sends every tensor, a
 ``delta`` push only those :func:`~heddle.client.changed_tensors` finds against
-the last pushed copy, which the pusher keeps on the trainer's CPU (one more copy
-of the model there: that is the bound on its memory; ``full`` keeps none).
+the last pushed copy (the smallest tensor when none changed, so that the workers
+still take the new version). The pusher keeps that copy on the trainer's CPU: one
+more copy of the model there is the bound on its memory; ``full`` keeps none.
 
 >>> from heddle.integrations import HeddleSettings, WeightPusher
 >>> settings = HeddleSettings(job="job.yaml", weights_sync="delta",
@@ -91,6 +92,8 @@ class WeightPusher:
         changed = None
         if self.delta and self._last is not None:
             changed = changed_tensors(state, self._last)
+            if not changed and state:  # a push carries 1+ tensors; the version must still move
+                changed = [min(state, key=lambda n: int(state[n].numel()))]
         results = await push_weights(
             self.workers, state, version, changed=changed, backend=self.backend,
             address=self.address, device=self.device, timeout_s=self.timeout_s,

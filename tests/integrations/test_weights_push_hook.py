@@ -68,6 +68,13 @@ async def test_slime_hook_pushes_in_full_then_only_the_changed_tensors(
         assert second.bytes == 2 * 16 * 4  # only the changed tensor travelled, to each worker
         assert await versions(urls) == ["iter_0000020", "iter_0000020"]
 
+        # Nothing changed: the smallest tensor carries the new version to every worker.
+        same = await asyncio.to_thread(
+            update_weights_hook, None, write_version(tmp_path / "ckpt", "iter_0000030", new), None
+        )
+        assert same is not None and same.names == ("model.norm.weight",)
+        assert await versions(urls) == ["iter_0000030", "iter_0000030"]
+
 
 @pytest.mark.anyio
 async def test_a_wrong_shape_is_refused_in_one_sentence_and_nothing_is_published(
