@@ -20,7 +20,7 @@ from __future__ import annotations
 from heddle._rollout_client import Group, Rollout
 from heddle._runs import ClusterAccess, RolloutProgress
 from heddle._trainer_client import TrainerClient
-from heddle.worker import changed_tensors, push_weights
+from heddle.worker import WorkerEndpoint, changed_tensors, push_weights
 
 __all__ = [
     "ClusterAccess",
@@ -28,6 +28,7 @@ __all__ = [
     "Rollout",
     "RolloutProgress",
     "TrainerClient",
+    "WorkerEndpoint",
     "changed_tensors",
     "push_weights",
 ]

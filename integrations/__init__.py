@@ -6,7 +6,8 @@ use): ``heddle.integrations.verl`` (an agent loop registered as ``heddle``),
 ``.openrlhf`` (an agent executor), ``.areal`` (a rollout workflow), ``.roll``
 (an env manager). This front holds what they share and needs no trainer: the
 settings, the runner that turns a batch into one RolloutJob through
-:mod:`heddle.client`, and each trainer's fields from a record.
+:mod:`heddle.client`, each trainer's fields from a record, and the
+:class:`WeightPusher` a weight hook pushes the trainer's state dict with.
 
 >>> from heddle.integrations import HeddleSettings
 >>> HeddleSettings(job="job.yaml", engine="sim").failed
@@ -26,14 +27,18 @@ from ._fields import (
     verl_output_fields,
     verl_task,
 )
+from ._push import PushReport, WeightPusher
 from ._rollouts import HeddleRollouts, SampleBatcher, plain, run_sync
-from ._settings import ENV_PREFIX, HeddleSettings
+from ._settings import ENV_PREFIX, WEIGHTS_SYNCS, HeddleSettings
 
 __all__ = [
     "ENV_PREFIX",
+    "WEIGHTS_SYNCS",
     "HeddleRollouts",
     "HeddleSettings",
+    "PushReport",
     "SampleBatcher",
+    "WeightPusher",
     "areal_fields",
     "openrlhf_result",
     "plain",

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from heddle.exceptions import ConfigError
 from heddle.export import FAILED_ROWS
 
-__all__ = ["ENV_PREFIX", "HeddleSettings", "setting_names"]
+__all__ = ["ENV_PREFIX", "WEIGHTS_SYNCS", "HeddleSettings", "setting_names"]
 
 ENV_PREFIX = "HEDDLE_"  # HEDDLE_JOB, HEDDLE_POOL, HEDDLE_ENGINE, ... (from_env)
 _MODES = ("local", "cluster")
 _ENGINES = ("vllm", "sim")
+WEIGHTS_SYNCS = ("disk", "push", "delta")  # how a weight hook hands the workers a version
+_BACKENDS = ("gloo", "nccl")
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,15 @@ class HeddleSettings:
     failed: str = "placeholder"  # or drop, keep (heddle.export.order_rows)
     batch_window_s: float = 0.05  # per-sample adapters: how long one batch gathers calls
     time_scale: float = 1.0  # sim engine only
+    # A weight hook's path (docs/trainers.md#pushing-weights-from-a-weight-hook): disk names
+    # the written checkpoint for the next batches; push and delta send it over a process
+    # group to push_workers (comma-separated URLs of the pool's running workers).
+    weights_sync: str = "disk"
+    push_workers: str | None = None
+    push_address: str = "127.0.0.1"  # this trainer process, as the workers reach it
+    push_backend: str = "gloo"  # nccl between GPUs
+    push_device: str = "cpu"  # cuda:N with nccl
+    push_token: str | None = field(default=None, repr=False)  # the pool's worker token
 
     def __post_init__(self) -> None:
         if not self.job:
@@ -43,11 +54,18 @@ class HeddleSettings:
             ("mode", self.mode, _MODES),
             ("engine", self.engine, _ENGINES),
             ("failed", self.failed, FAILED_ROWS),
+            ("weights_sync", self.weights_sync, WEIGHTS_SYNCS),
+            ("push_backend", self.push_backend, _BACKENDS),
         ):
             if value not in allowed:
                 raise ConfigError(f"heddle {name} {value!r} is not one of {', '.join(allowed)}")
         if self.batch_window_s < 0:
             raise ConfigError("heddle batch_window_s must be 0 or more (seconds)")
+        if self.weights_sync != "disk" and not (self.push_workers or "").strip():
+            raise ConfigError(
+                f"heddle weights_sync {self.weights_sync} needs push_workers: the URLs of the "
+                "pool's workers, comma-separated (HEDDLE_PUSH_WORKERS)"
+            )
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> HeddleSettings:

@@ -20,6 +20,7 @@ FOLDERS = (
     "heddle",
     "heddle/bench",
     "heddle/cli",
+    "integrations",
 )
 
 
