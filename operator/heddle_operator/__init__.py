@@ -34,6 +34,7 @@ from ._jobs import (
 )
 from ._kube import (
     ROLLOUTJOBS,
+    SECRETS,
     ApiError,
     KubeClient,
     Resource,
@@ -96,6 +97,7 @@ __all__ = [
     "GATEWAY_PORT",
     "MAX_CONDITION_MESSAGE",
     "ROLLOUTJOBS",
+    "SECRETS",
     "SESSION_ACCOUNT",
     "SESSION_CONFIG_ENV",
     "SESSION_RETRY",

@@ -247,9 +247,9 @@ def trainer_secret_name(job: str) -> str:
     return f"{job}-trainer-token"
 
 
-def trainer_url(job: RolloutJobSpec) -> str:
+def trainer_url(job: str, namespace: str) -> str:
     """Where a trainer in the cluster reaches the job's trainer API (its Service)."""
-    return f"http://{job.name}-trainer.{job.namespace}.svc:{TRAINER_PORT}"
+    return f"http://{job}-trainer.{namespace}.svc:{TRAINER_PORT}"
 
 
 def trainer_objects(

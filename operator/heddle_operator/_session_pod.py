@@ -243,7 +243,10 @@ async def _run(
         trainer = TrainerServer(session, token=token_of_trainer, host=config.gateway_host,
                                 port=config.trainer_port)  # fmt: skip
         await trainer.start()
-        planned["trainer"] = {"url": trainer_url(job), "tokenSecret": trainer_secret_name(job.name)}
+        planned["trainer"] = {
+            "url": trainer_url(job.name, job.namespace),
+            "tokenSecret": trainer_secret_name(job.name),
+        }
     running = [
         condition("Valid", True, "SpecValid", "the spec is valid"),
         condition("PoolReady", True, "InstancesReady", f"{len(workers)} instances"),

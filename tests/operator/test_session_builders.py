@@ -196,7 +196,7 @@ def test_a_trainer_api_job_gets_its_token_secret_clusterip_service_and_port() ->
         "app.kubernetes.io/name": SESSION_ACCOUNT,
     }
     assert service["spec"]["ports"] == [{"name": "trainer", "port": 8081, "targetPort": 8081}]
-    assert trainer_url(job) == "http://j-trainer.rl.svc:8081"
+    assert trainer_url("j", "rl") == "http://j-trainer.rl.svc:8081"
     # Without trainerApi (a quota alone): no trainer port, token or flag.
     body["spec"]["asynchrony"] = {"groupsPerIteration": 2}
     plain = session_pod(RolloutJobSpec.from_manifest(body), body, SessionPodOptions())

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from heddle.api import LABEL_JOB
-from heddle.client import TrainerClient
+from heddle.client import ClusterAccess, TrainerClient
 
 from .._rollout_fixtures import assert_exactly_once, read_records
 from ._operator_fixture import Cluster, cluster, job, pool, wait_for
@@ -325,7 +325,7 @@ async def test_a_trainer_takes_the_jobs_batches_from_the_session_pod(tmp_path: P
         uid = (await c.get("rolloutjobs", "t") or {})["metadata"]["uid"]
         for obj in (service, secret):
             assert obj["metadata"]["ownerReferences"][0]["uid"] == uid
-        token = base64.b64decode(secret["data"]["token"]).decode()
+        assert base64.b64decode(secret["data"]["token"])
 
         async def serving() -> dict[str, Any] | None:
             status = (await c.get("rolloutjobs", "t") or {}).get("status") or {}
@@ -345,7 +345,11 @@ async def test_a_trainer_takes_the_jobs_batches_from_the_session_pod(tmp_path: P
         async with httpx.AsyncClient(timeout=30) as http:
             assert (await http.get(f"{base}/v1/stream")).status_code == 401
         batches = []
-        async with TrainerClient(base, token=token, poll_s=5.0) as trainer:
+        # The Secret's token and the job's status, read as a trainer would (the URL given:
+        # no cluster DNS here).
+        trainer = await TrainerClient.for_job("t", access=ClusterAccess(c.url), url=base,
+                                              poll_s=5.0)  # fmt: skip
+        async with trainer:
             async for batch in trainer.batches():
                 batches.append(batch)
         obj = await _finished(c, "t")
