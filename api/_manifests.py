@@ -492,6 +492,9 @@ class AsynchronySpec:
     # Groups started beyond the quota, as a fraction of it: up to ceil(quota x (1 + this))
     # groups run that the trainer has not taken (docs/async.md, "Over-sampling").
     over_sample: float = 0.0
+    # On a cluster: the session pod serves the trainer API (docs/async.md, "On a
+    # cluster"); the session then ends only once a trainer took every group or released.
+    trainer_api: bool = False
 
 
 def _asynchrony(a: Fields) -> AsynchronySpec:
@@ -501,6 +504,7 @@ def _asynchrony(a: Fields) -> AsynchronySpec:
         past_bound=a.choice("pastBound", PAST_BOUND, "restart"),
         groups_per_iteration=quota,
         over_sample=a.number("overSample", 0.0, minimum=0.0, maximum=4.0),
+        trainer_api=a.boolean("trainerApi", False),
     )
     if quota is None and a.has("overSample"):
         raise ManifestError(

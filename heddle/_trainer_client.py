@@ -6,11 +6,16 @@
             await client.push_weights(next_checkpoint, version)
 
 Each call is a long poll that the client repeats until something comes or the
-stream ends, so a trainer waits as long as its rollout needs.
+stream ends, so a trainer waits as long as its rollout needs. On a cluster,
+``await TrainerClient.for_job(name, namespace)`` finds a RolloutJob's trainer API
+(``spec.asynchrony.trainerApi``) and reads its token from the job's Secret.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import binascii
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any
@@ -18,6 +23,8 @@ from typing import Any
 import httpx
 
 from heddle.exceptions import ConfigError, HeddleError
+
+from ._runs import ClusterAccess
 
 __all__ = ["TrainerClient"]
 
@@ -33,6 +40,60 @@ class TrainerClient:
             headers={"Authorization": f"Bearer {token}"},
             timeout=httpx.Timeout(poll_s + 30.0, connect=10.0),
         )
+
+    @classmethod
+    async def for_job(
+        cls,
+        name: str,
+        namespace: str = "default",
+        *,
+        access: ClusterAccess | None = None,
+        url: str | None = None,
+        poll_s: float = 30.0,
+    ) -> TrainerClient:
+        """The trainer API of RolloutJob ``namespace/name`` on a cluster, once its session
+        serves it (``status.trainer``), with the token from the job's Secret.
+
+        ``access``: the API server and credentials (None: the pod's service account, else
+        the kubeconfig, as kubectl). The Secret's name and the URL follow from the job's
+        name, as the operator makes them, never from the status (which the session pod
+        writes): a session cannot point the trainer at another Secret or host. ``url``
+        replaces the Service's address (a port-forward from outside the cluster, say).
+        """
+        from heddle.operator import (  # noqa: PLC0415  (loads kopf)
+            ROLLOUTJOBS,
+            SECRETS,
+            TOKEN_KEY,
+            KubeClient,
+            trainer_secret_name,
+            trainer_url,
+        )
+
+        kube = await asyncio.to_thread(KubeClient, access)
+        try:
+            job = await kube.get(ROLLOUTJOBS, namespace, name)
+            secret_name = trainer_secret_name(name)
+            secret = await kube.get(SECRETS, namespace, secret_name)
+        finally:
+            await kube.aclose()
+        where = f"RolloutJob {namespace}/{name}"
+        if job is None:
+            raise ConfigError(f"{where} does not exist; check the name and the namespace")
+        if not ((job.get("spec") or {}).get("asynchrony") or {}).get("trainerApi"):
+            raise ConfigError(
+                f"{where} serves no trainer API: set spec.asynchrony.trainerApi: true"
+            )
+        if not (job.get("status") or {}).get("trainer"):
+            raise HeddleError(f"{where} does not serve its trainer API yet (no status.trainer); "
+                              "ask again once its session runs")  # fmt: skip
+        try:
+            token = base64.b64decode(((secret or {}).get("data") or {})[TOKEN_KEY]).decode()
+        except (KeyError, binascii.Error, UnicodeDecodeError):
+            raise HeddleError(
+                f"the Secret {namespace}/{secret_name} has no readable {TOKEN_KEY!r}; "
+                "the operator makes it with the job"
+            ) from None
+        return cls(url or trainer_url(name, namespace), token=token, poll_s=poll_s)
 
     async def __aenter__(self) -> TrainerClient:
         return self

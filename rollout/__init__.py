@@ -155,7 +155,7 @@ from ._tasks import (
     read_tasks,
 )
 from ._tools import HermesParser, ToolCallParser, ToolInvocation, ToolsEnvironment
-from ._trainer_api import TrainerServer, create_trainer_app
+from ._trainer_api import TRAINER_TOKEN_ENV, TrainerServer, create_trainer_app
 
 __all__ = [
     "ALLOWED_HOSTS_ENV",
@@ -168,6 +168,7 @@ __all__ = [
     "TINY_DIR",
     "TRAINERS",
     "TRAINER_KEYS",
+    "TRAINER_TOKEN_ENV",
     "TRAJECTORY_HEADER",
     "WORKLOAD_PRESETS",
     "AnswerReward",

@@ -40,8 +40,9 @@ from heddle.exceptions import ConfigError, HeddleError
 from ._gateway import _Server
 from ._session import RolloutSession
 
-__all__ = ["TrainerServer", "create_trainer_app"]
+__all__ = ["TRAINER_TOKEN_ENV", "TrainerServer", "create_trainer_app"]
 
+TRAINER_TOKEN_ENV = "HEDDLE_TRAINER_TOKEN"  # the session pod's trainer API token (a Secret's)
 MAX_WAIT_S = 300.0  # one long poll at most; the client asks again
 
 

@@ -75,6 +75,7 @@ def _cmd_session(args: argparse.Namespace) -> int:
         session=session,
         gateway_host=args.gateway_host,
         gateway_port=args.gateway_port,
+        trainer_port=args.trainer_port,
     )
     signal.signal(signal.SIGTERM, _interrupt)  # the pod deleted: stop, the output closed
 
@@ -114,9 +115,18 @@ def add_session_parser(sub: Any) -> None:
     )
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus port; 0: off")
     p.add_argument(
-        "--gateway-host", default="0.0.0.0", help="external jobs: where the gateway listens"
+        "--gateway-host",
+        default="0.0.0.0",
+        help="where the gateway (external jobs) and the trainer API listen",
     )
     p.add_argument(
         "--gateway-port", type=int, default=8080, help="external jobs: the gateway's port"
+    )
+    p.add_argument(
+        "--trainer-port",
+        type=int,
+        default=0,
+        help="serve the trainer API on this port, on the gateway's host, with the token in "
+        "HEDDLE_TRAINER_TOKEN (spec.asynchrony.trainerApi; docs/async.md); 0: off",
     )
     p.set_defaults(func=_cmd_session)

@@ -42,9 +42,11 @@ from ._session_builders import (
     LABEL_JOB,
     SessionPodOptions,
     gateway_objects,
+    serves_trainer,
     session_account,
     session_pod,
     session_rbac,
+    trainer_objects,
 )
 
 # A Pod's own final phases (Kubernetes' vocabulary), not a job's.
@@ -165,6 +167,7 @@ class _PodKeeper:
         self.written: tuple[str, ...] = ()  # what this keeper wrote last (no repeats)
         self.rbac_done = job.session.service_account_name is not None
         self.gateway_done = job.environment.type != "external"  # only external jobs serve one
+        self.trainer_done = not serves_trainer(job)
         self.created = 0  # session pods this operator made for the job
         self.version: str | None = None  # the job's resourceVersion this round read
 
@@ -205,6 +208,8 @@ class _PodKeeper:
                 await self._ensure_rbac()
             if not self.gateway_done:
                 await self._ensure_gateway()
+            if not self.trainer_done:
+                await self._ensure_trainer()
         except ManifestError as exc:  # an object of that name that is not the job's
             await self.status.write(JobPhase.FAILED,
                                     [condition("Valid", False, "NameTaken", str(exc))],
@@ -265,6 +270,14 @@ class _PodKeeper:
         for plural, obj in gateway_objects(self.job, self.body, token):
             await self._ensure_own(SECRETS if plural == "secrets" else SERVICES, obj)
         self.gateway_done = True
+
+    async def _ensure_trainer(self) -> None:
+        """The trainer API's token Secret and Service (an existing Secret of the job's is
+        kept: a trainer may hold its token already); the session publishes the URL."""
+        token = secrets.token_urlsafe(32)
+        for plural, obj in trainer_objects(self.job, self.body, token):
+            await self._ensure_own(SECRETS if plural == "secrets" else SERVICES, obj)
+        self.trainer_done = True
 
     async def _ensure_rbac(self) -> None:
         for plural, obj in session_rbac(self.job, self.body):

@@ -8,7 +8,10 @@ post Events, and nothing else: every rule but the Events one names its
 objects (``resourceNames``), so one job's session cannot touch another's
 status (the worker token reaches it through a ``secretKeyRef``, so it needs
 no Secret access). The account, Role and RoleBinding are owned by the job and
-go with it.
+go with it. A job with ``spec.asynchrony.trainerApi`` also gets the trainer API's
+token Secret and ClusterIP Service (:func:`trainer_objects`): their names come
+from the job's name only, in the job's namespace, so nothing a tenant sets picks
+another Secret, another namespace or a Service reachable from outside.
 """
 
 from __future__ import annotations
@@ -32,7 +35,13 @@ from heddle.api import (
     RolloutJobSpec,
     check_session_policy,
 )
-from heddle.rollout import ALLOWED_HOSTS_ENV, GATEWAY_TOKEN_ENV, HostAllowList, SessionConfig
+from heddle.rollout import (
+    ALLOWED_HOSTS_ENV,
+    GATEWAY_TOKEN_ENV,
+    TRAINER_TOKEN_ENV,
+    HostAllowList,
+    SessionConfig,
+)
 
 from ._tokens import TOKEN_KEY, token_env
 
@@ -42,13 +51,18 @@ __all__ = [
     "SESSION_ACCOUNT",
     "SESSION_CONFIG_ENV",
     "SESSION_LABEL",
+    "TRAINER_PORT",
     "SessionPodOptions",
     "gateway_objects",
     "gateway_secret_name",
     "gateway_url",
+    "serves_trainer",
     "session_account",
     "session_pod",
     "session_rbac",
+    "trainer_objects",
+    "trainer_secret_name",
+    "trainer_url",
 ]
 
 SESSION_ACCOUNT = "heddle-session"  # app.kubernetes.io/name of session pods and their RBAC
@@ -57,6 +71,7 @@ SESSION_CONFIG_ENV = "HEDDLE_SESSION_CONFIG"  # the control loop's knobs, JSON
 DEFAULT_SESSION_IMAGE = "ghcr.io/heddle-dev/heddle-operator:latest"
 TMP_VOLUME = "heddle-tmp"  # /tmp on a read-only root
 GATEWAY_PORT = 8080  # an external job's gateway, in its session pod
+TRAINER_PORT = 8081  # a job's trainer API (spec.asynchrony.trainerApi), in its session pod
 # A job without spec.session.resources: about the operator's old share for one job
 # (~1 ms of CPU per step, ~50 KiB per running trajectory; docs/benchmarks.md).
 DEFAULT_RESOURCES: dict[str, Any] = {
@@ -128,6 +143,10 @@ def session_pod(
     if external:  # the agents' token, from the job's own Secret (gateway_objects)
         env.append({"name": GATEWAY_TOKEN_ENV, "valueFrom": {"secretKeyRef": {
             "name": gateway_secret_name(job.name), "key": TOKEN_KEY}}})  # fmt: skip
+    trainer = serves_trainer(job)
+    if trainer:  # the trainer's token, from the job's own Secret (trainer_objects)
+        env.append({"name": TRAINER_TOKEN_ENV, "valueFrom": {"secretKeyRef": {
+            "name": trainer_secret_name(job.name), "key": TOKEN_KEY}}})  # fmt: skip
     container: dict[str, Any] = {
         "name": "session",
         "image": s.image or options.image,
@@ -136,8 +155,9 @@ def session_pod(
             "--base-dir", str(options.base_dir),
             "--status-interval", str(options.status_interval_s),
             "--metrics-port", str(options.metrics_port),
-            *(["--gateway-host", "0.0.0.0", "--gateway-port", str(GATEWAY_PORT)]
-              if external else []),
+            *(["--gateway-host", "0.0.0.0"] if external or trainer else []),
+            *(["--gateway-port", str(GATEWAY_PORT)] if external else []),
+            *(["--trainer-port", str(TRAINER_PORT)] if trainer else []),
         ],
         "env": env,
         "securityContext": {
@@ -154,6 +174,8 @@ def session_pod(
     )
     if external:
         ports.append({"name": "gateway", "containerPort": GATEWAY_PORT})
+    if trainer:
+        ports.append({"name": "trainer", "containerPort": TRAINER_PORT})
     if ports:
         container["ports"] = ports
     spec: dict[str, Any] = {
@@ -212,6 +234,44 @@ def gateway_objects(
         "spec": {"selector": {LABEL_JOB: job.name},
                  "ports": [{"name": "gateway", "port": GATEWAY_PORT,
                             "targetPort": GATEWAY_PORT}]},
+    }  # fmt: skip
+    return [("secrets", secret), ("services", service)]
+
+
+def serves_trainer(job: RolloutJobSpec) -> bool:
+    """Whether ``job``'s session pod serves the trainer API (``spec.asynchrony.trainerApi``)."""
+    return job.asynchrony is not None and job.asynchrony.trainer_api
+
+
+def trainer_secret_name(job: str) -> str:
+    return f"{job}-trainer-token"
+
+
+def trainer_url(job: str, namespace: str) -> str:
+    """Where a trainer in the cluster reaches the job's trainer API (its Service)."""
+    return f"http://{job}-trainer.{namespace}.svc:{TRAINER_PORT}"
+
+
+def trainer_objects(
+    job: RolloutJobSpec, job_body: Mapping[str, Any], token: str
+) -> list[tuple[str, dict[str, Any]]]:
+    """(plural, object) of the job's trainer API: the Secret with its bearer token and the
+    ClusterIP Service in front of the session pod, both owned by the job (they go with it).
+    ClusterIP always: the token guards a stream of the job's outputs and weight pushes,
+    which stay inside the cluster."""
+    meta = {"namespace": job.namespace, "labels": {LABEL_JOB: job.name},
+            "ownerReferences": [_owner(job_body)]}  # fmt: skip
+    secret = {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {**meta, "name": trainer_secret_name(job.name)},
+        "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    }  # fmt: skip
+    service = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {**meta, "name": f"{job.name}-trainer"},
+        "spec": {"type": "ClusterIP", "selector": {LABEL_JOB: job.name, **SESSION_LABEL},
+                 "ports": [{"name": "trainer", "port": TRAINER_PORT,
+                            "targetPort": TRAINER_PORT}]},
     }  # fmt: skip
     return [("secrets", secret), ("services", service)]
 

@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from heddle.api import EnginePoolSpec, InstancePhase, JobPhase, RolloutJobSpec
-from heddle.exceptions import CheckpointError, HeddleError, ManifestError
+from heddle.exceptions import CheckpointError, ConfigError, HeddleError, ManifestError
 from heddle.rollout import (
+    TRAINER_TOKEN_ENV,
     ExternalEnvironment,
     Gateway,
     HostAllowList,
@@ -39,6 +40,7 @@ from heddle.rollout import (
     SessionConfig,
     SessionMetrics,
     TaskSet,
+    TrainerServer,
     build_environment,
     build_session,
     check_tool_hosts,
@@ -53,7 +55,7 @@ from heddle.worker import TOKEN_ENV, WorkerEndpoint
 from ._builders import condition, now_iso
 from ._job_status import FINISHED, JobStatus, progress_fields
 from ._kube import CONFIGMAPS, ENGINEPOOLS, ROLLOUTJOBS, ApiError, KubeClient, RetryPolicy
-from ._session_builders import GATEWAY_PORT, gateway_url
+from ._session_builders import GATEWAY_PORT, gateway_url, trainer_secret_name, trainer_url
 from ._session_status import SessionPublished
 
 __all__ = ["SESSION_RETRY", "SessionPodConfig", "ready_workers", "run_session_pod"]
@@ -79,6 +81,7 @@ class SessionPodConfig:
     gateway_host: str = "0.0.0.0"  # an external job's gateway: the pod's every address
     gateway_port: int = GATEWAY_PORT
     gateway_linger_s: float = 3.0  # served on after the end, so polling agents hear of it
+    trainer_port: int = 0  # the trainer API's port (token: HEDDLE_TRAINER_TOKEN); 0: off
 
 
 def ready_workers(
@@ -226,6 +229,24 @@ async def _run(
         served = Gateway(environment, config.gateway_host, config.gateway_port)
         await served.start()
         planned["gatewayURL"] = gateway_url(job)
+    trainer: TrainerServer | None = None
+    if config.trainer_port:
+        # Before the run: a served trainer takes the groups (none is taken for it). The
+        # token came from the job's Secret (the operator made it); never a generated one,
+        # which no trainer could read.
+        token_of_trainer = os.environ.get(TRAINER_TOKEN_ENV)
+        if not token_of_trainer:
+            raise ConfigError(
+                f"--trainer-port needs the trainer API's token in {TRAINER_TOKEN_ENV} "
+                f"(the Secret {trainer_secret_name(job.name)})"
+            )
+        trainer = TrainerServer(session, token=token_of_trainer, host=config.gateway_host,
+                                port=config.trainer_port)  # fmt: skip
+        await trainer.start()
+        planned["trainer"] = {
+            "url": trainer_url(job.name, job.namespace),
+            "tokenSecret": trainer_secret_name(job.name),
+        }
     running = [
         condition("Valid", True, "SpecValid", "the spec is valid"),
         condition("PoolReady", True, "InstancesReady", f"{len(workers)} instances"),
@@ -234,11 +255,13 @@ async def _run(
     try:
         await status.write(JobPhase.RUNNING, running, startTime=now_iso(), **planned)
         await _drive(config, kube, local, session, status, workers, token)
-        if served is not None:
+        if served is not None or trainer is not None:
             await asyncio.sleep(config.gateway_linger_s)
     finally:
         if served is not None:
             await asyncio.shield(served.stop())
+        if trainer is not None:
+            await asyncio.shield(trainer.stop())
 
 
 async def _drive(

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from heddle.client import ClusterAccess, Rollout
-from heddle.exceptions import ConfigError, RolloutFailedError
+from heddle.client import ClusterAccess, Rollout, TrainerClient
+from heddle.exceptions import ConfigError, HeddleError, RolloutFailedError
 
 from .._rollout_fixtures import assert_exactly_once, read_records
 from ._operator_fixture import cluster, job, pool
@@ -65,3 +65,19 @@ async def test_a_cluster_job_that_fails_raises_its_failed_condition(tmp_path: Pa
             await rollout.wait()
         with pytest.raises(ConfigError, match=r"metadata\.name and spec\.output\.path"):
             await Rollout.submit_cluster({"spec": {}}, access=ClusterAccess(c.url))
+
+
+async def test_trainer_client_for_job_says_why_a_job_has_no_trainer_api(tmp_path: Path) -> None:
+    """TrainerClient.for_job refuses, in one sentence, a job that is missing, one that
+    serves no trainer API, and one whose session does not serve it yet (no pool here)."""
+    async with cluster(tmp_path) as c:
+        access = ClusterAccess(c.url)
+        with pytest.raises(ConfigError, match=r"^RolloutJob default/nope does not exist; "):
+            await TrainerClient.for_job("nope", access=access)
+        await c.apply(job("plain", "absent", tmp_path / "a.jsonl"))
+        with pytest.raises(ConfigError, match=r"set spec\.asynchrony\.trainerApi: true$"):
+            await TrainerClient.for_job("plain", access=access)
+        asynchrony = {"groupsPerIteration": 1, "trainerApi": True}
+        await c.apply(job("t", "absent", tmp_path / "t.jsonl", asynchrony=asynchrony))
+        with pytest.raises(HeddleError, match=r"does not serve its trainer API yet"):
+            await TrainerClient.for_job("t", access=access)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 from heddle.api import RolloutJobSpec
 from heddle.cli._session import session_config_from_env
-from heddle.exceptions import ConfigError
+from heddle.exceptions import ConfigError, ManifestError
 from heddle.operator._session_builders import (
     LABEL_JOB,
     SESSION_ACCOUNT,
@@ -20,6 +21,8 @@ from heddle.operator._session_builders import (
     gateway_url,
     session_pod,
     session_rbac,
+    trainer_objects,
+    trainer_url,
 )
 from heddle.rollout import HostAllowList, SessionConfig
 
@@ -166,3 +169,44 @@ def test_an_external_job_gets_its_gateways_secret_service_and_port() -> None:
     # Not external: no gateway arguments, token or port.
     plain = _pod()["spec"]["containers"][0]
     assert "--gateway-port" not in plain["command"] and "ports" not in plain
+
+
+def test_a_trainer_api_job_gets_its_token_secret_clusterip_service_and_port() -> None:
+    body = copy.deepcopy(JOB)
+    body["spec"]["asynchrony"] = {"groupsPerIteration": 2, "trainerApi": True}
+    job = RolloutJobSpec.from_manifest(body)
+    (container,) = session_pod(job, body, SessionPodOptions())["spec"]["containers"]
+    assert container["command"][-4:] == ["--gateway-host", "0.0.0.0", "--trainer-port", "8081"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HEDDLE_TRAINER_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": "j-trainer-token", "key": "token",
+    }  # fmt: skip
+    assert {"name": "trainer", "containerPort": 8081} in container["ports"]
+    objects = dict(trainer_objects(job, body, "s3cret"))
+    secret, service = objects["secrets"], objects["services"]
+    assert secret["metadata"]["name"] == "j-trainer-token"
+    assert base64.b64decode(secret["data"]["token"]) == b"s3cret"
+    assert service["metadata"]["name"] == "j-trainer"
+    for obj in (secret, service):  # the job's namespace, owned by the job: they go with it
+        assert obj["metadata"]["namespace"] == "rl"
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == JOB["metadata"]["uid"]
+    assert service["spec"]["type"] == "ClusterIP"  # never reachable from outside the cluster
+    assert service["spec"]["selector"] == {
+        LABEL_JOB: "j",
+        "app.kubernetes.io/name": SESSION_ACCOUNT,
+    }
+    assert service["spec"]["ports"] == [{"name": "trainer", "port": 8081, "targetPort": 8081}]
+    assert trainer_url("j", "rl") == "http://j-trainer.rl.svc:8081"
+    # Without trainerApi (a quota alone): no trainer port, token or flag.
+    body["spec"]["asynchrony"] = {"groupsPerIteration": 2}
+    plain = session_pod(RolloutJobSpec.from_manifest(body), body, SessionPodOptions())
+    (container,) = plain["spec"]["containers"]
+    assert "--trainer-port" not in container["command"] and "ports" not in container
+    assert "HEDDLE_TRAINER_TOKEN" not in {e["name"] for e in container["env"]}
+
+
+def test_trainer_api_must_be_a_boolean() -> None:
+    body = copy.deepcopy(JOB)
+    body["spec"]["asynchrony"] = {"trainerApi": "yes"}
+    with pytest.raises(ManifestError, match="must be true or false"):
+        RolloutJobSpec.from_manifest(body)

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from heddle.api import LABEL_JOB
+from heddle.client import ClusterAccess, TrainerClient
 
 from .._rollout_fixtures import assert_exactly_once, read_records
 from ._operator_fixture import Cluster, cluster, job, pool, wait_for
@@ -301,3 +302,60 @@ async def test_an_external_job_serves_its_gateway_from_the_session_pod(tmp_path:
         records = read_records(out)
         assert_exactly_once(records, {(t, s) for t in ("a", "b") for s in range(2)})
         assert {r["reward"] for r in records} == {1.0}
+
+
+async def test_a_trainer_takes_the_jobs_batches_from_the_session_pod(tmp_path: Path) -> None:
+    """spec.asynchrony.trainerApi on a cluster: the operator makes the token Secret and the
+    ClusterIP Service (owned by the job), the session pod serves the trainer API on its
+    trainer port, status.trainer says where, and a TrainerClient with the Secret's token
+    takes every batch; the job ends once it did, each record written once."""
+    out = tmp_path / "out.jsonl"
+    async with cluster(tmp_path) as c:
+        await c.apply(pool("p", 2, [{"tp": 1, "replicas": 2}]))
+        asynchrony = {"groupsPerIteration": 4, "trainerApi": True}
+        await c.apply(job("t", "p", out, asynchrony=asynchrony))
+        service = await wait_for(lambda: c.get("services", "t-trainer"), 60, "the Service")
+        assert service["spec"]["type"] == "ClusterIP"
+        assert service["spec"]["selector"] == {LABEL_JOB: "t", "app.kubernetes.io/name":
+                                               "heddle-session"}  # fmt: skip
+        assert service["spec"]["ports"] == [{"name": "trainer", "port": 8081,
+                                             "targetPort": 8081}]  # fmt: skip
+        secret = await c.get("secrets", "t-trainer-token")
+        assert secret is not None
+        uid = (await c.get("rolloutjobs", "t") or {})["metadata"]["uid"]
+        for obj in (service, secret):
+            assert obj["metadata"]["ownerReferences"][0]["uid"] == uid
+        assert base64.b64decode(secret["data"]["token"])
+
+        async def serving() -> dict[str, Any] | None:
+            status = (await c.get("rolloutjobs", "t") or {}).get("status") or {}
+            return status if status.get("trainer") else None
+
+        status = await wait_for(serving, 120, "the trainer API served")
+        assert status["trainer"] == {"url": "http://t-trainer.default.svc:8081",
+                                     "tokenSecret": "t-trainer-token"}  # fmt: skip
+        (pod,) = await _session_pods(c, "t")
+        (container,) = pod["spec"]["containers"]
+        assert {"name": "trainer", "containerPort": 8081} in container["ports"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["HEDDLE_TRAINER_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+            "name": "t-trainer-token", "key": "token"}  # fmt: skip
+        # No cluster DNS here: the session pod's address stands in for its Service.
+        base = f"http://{pod['status']['podIP']}:8081"
+        async with httpx.AsyncClient(timeout=30) as http:
+            assert (await http.get(f"{base}/v1/stream")).status_code == 401
+        batches = []
+        # The Secret's token and the job's status, read as a trainer would (the URL given:
+        # no cluster DNS here).
+        trainer = await TrainerClient.for_job("t", access=ClusterAccess(c.url), url=base,
+                                              poll_s=5.0)  # fmt: skip
+        async with trainer:
+            async for batch in trainer.batches():
+                batches.append(batch)
+        obj = await _finished(c, "t")
+        assert obj["status"]["phase"] == "Succeeded", obj["status"]
+    taken = [(r["task_id"], r["sample"]) for b in batches for g in b["groups"]
+             for r in g["records"]]  # fmt: skip
+    assert len(batches) == 4 and all(len(b["groups"]) == 4 for b in batches), batches
+    assert sorted(taken) == sorted(KEYS)
+    assert_exactly_once(read_records(out), KEYS)
