@@ -365,6 +365,35 @@ class _Server(uvicorn.Server):
         yield
 
 
+async def serve_bound(
+    server: _Server, host: str, port: int, *, what: str, hint: str
+) -> tuple[asyncio.Task[None], int]:
+    """Serve ``server`` on ``host:port`` (0: a free port); the task and the bound port.
+
+    Bound here, not by uvicorn, which exits the process when it cannot bind: a port in
+    use is one sentence (``what`` cannot listen ..., ``hint``)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
+    # without it every reply waits ~40 ms on Nagle and the client's delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"{what} cannot listen on {host}:{port} ({exc.strerror}); {hint}"
+        ) from None
+    bound = int(sock.getsockname()[1])
+    task = asyncio.create_task(server.serve(sockets=[sock]), name=what)
+    while not server.started:
+        if task.done():
+            task.result()
+            raise ConfigError(f"{what} on {host}:{bound} stopped at its start")
+        await asyncio.sleep(0.02)
+    return task, bound
+
+
 class Gateway:
     """The gateway served on ``host:port`` (0: a free port) in the running event loop."""
 
@@ -391,27 +420,13 @@ class Gateway:
         return f"http://{host}:{self.port}/v1"
 
     async def start(self) -> str:
-        # Bound here, not by uvicorn, which exits the process when it cannot bind.
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        # proto named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
-        # without it every reply waits ~40 ms on Nagle and the client's delayed ACK.
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.host, self.port))
-        except OSError as exc:
-            sock.close()
-            raise ConfigError(
-                f"the gateway cannot listen on {self.host}:{self.port} ({exc.strerror}); "
-                "pick another with --gateway-host/--gateway-port"
-            ) from None
-        self.port = int(sock.getsockname()[1])
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="gateway")
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
-                raise ConfigError(f"the gateway on {self.host}:{self.port} stopped at its start")
-            await asyncio.sleep(0.02)
+        self._task, self.port = await serve_bound(
+            self._server,
+            self.host,
+            self.port,
+            what="the gateway",
+            hint="pick another with --gateway-host/--gateway-port",
+        )
         return self.url
 
     async def stop(self) -> None:

@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import json
 import secrets
-import socket
 from typing import Any
 
 import uvicorn
@@ -37,7 +36,7 @@ from starlette.routing import Route
 from heddle.api import WeightsSpec
 from heddle.exceptions import ConfigError, HeddleError
 
-from ._gateway import _Server
+from ._gateway import _Server, serve_bound
 from ._session import RolloutSession
 
 __all__ = ["TRAINER_TOKEN_ENV", "TrainerServer", "create_trainer_app"]
@@ -166,25 +165,10 @@ class TrainerServer:
         return f"http://{host}:{self.port}"
 
     async def start(self) -> str:
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self.host, self.port))
-        except OSError as exc:
-            sock.close()
-            raise ConfigError(
-                f"the trainer API cannot listen on {self.host}:{self.port} ({exc.strerror}); "
-                "pick another port"
-            ) from None
-        self.port = int(sock.getsockname()[1])
-        self.session.groups.follow()
-        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="trainer-api")
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
-                raise ConfigError(f"the trainer API on {self.host}:{self.port} stopped at start")
-            await asyncio.sleep(0.02)
+        self.session.groups.follow()  # from here on a trainer takes the groups
+        self._task, self.port = await serve_bound(
+            self._server, self.host, self.port, what="the trainer API", hint="pick another port"
+        )
         return self.url
 
     async def stop(self) -> None:
