@@ -6,8 +6,10 @@ import itertools
 
 import pytest
 
-from heddle.worker import Speculation, VLLMConfig, auto_speculation, auto_table, suffix_available
+from heddle.worker import Speculation, VLLMConfig, auto_speculation, auto_table
 from heddle.worker._vllm_engine import engine_kwargs
+
+from .._vllm import needs_suffix
 
 ENGINE = {"model": "models/smollm2", "tp": 1, "max_num_seqs": 256, "max_model_len": 2048}
 
@@ -42,7 +44,7 @@ def test_an_h100_speculates_longer_and_drafts_less_as_the_batch_grows() -> None:
     assert all(_k_at(ngram, b) <= _k_at(table, b) for b in (1, 8, 64, 256))
 
 
-@pytest.mark.skipif(not suffix_available(), reason="arctic-inference is not installed")
+@needs_suffix
 def test_auto_becomes_suffix_with_the_table_in_vllms_config() -> None:
     config = VLLMConfig(
         model="models/smollm2",

@@ -10,12 +10,11 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
-
-from heddle.worker import suffix_available
 from heddle.worker._vllm_extension import HeddleWorkerExtension
 
-pytestmark = pytest.mark.skipif(not suffix_available(), reason="arctic-inference is not installed")
+from .._vllm import needs_suffix
+
+pytestmark = needs_suffix
 
 SIBLING = [11, 12, 13, 14, 15, 16, 17, 18]
 

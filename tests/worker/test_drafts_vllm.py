@@ -22,10 +22,9 @@ from heddle.worker import (
     VLLMEngine,
     create_app,
     ensure_smollm2,
-    suffix_available,
 )
 
-from .._vllm import require_vllm
+from .._vllm import needs_suffix, require_vllm
 
 require_vllm()
 
@@ -67,7 +66,7 @@ async def _scenario(model: Path) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not suffix_available(), reason="arctic-inference is not installed")
+@needs_suffix
 def test_a_seeded_siblings_text_is_drafted_from() -> None:
     got = asyncio.run(_scenario(ensure_smollm2(install=False)))
     sibling, plain, seeded = got["sibling"], got["plain"], got["seeded"]
