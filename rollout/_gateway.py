@@ -394,6 +394,15 @@ async def serve_bound(
     return task, bound
 
 
+async def stop_served(server: _Server, task: asyncio.Task[None] | None) -> None:
+    """Stop what :func:`serve_bound` started (nothing when ``task`` is None)."""
+    if task is None:
+        return
+    server.should_exit = True
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 class Gateway:
     """The gateway served on ``host:port`` (0: a free port) in the running event loop."""
 
@@ -430,9 +439,5 @@ class Gateway:
         return self.url
 
     async def stop(self) -> None:
-        if self._task is None:
-            return
-        self._server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        self._task = None
+        task, self._task = self._task, None
+        await stop_served(self._server, task)

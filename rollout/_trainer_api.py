@@ -22,7 +22,6 @@ the session's process, served like the gateway.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import secrets
 from typing import Any
@@ -36,7 +35,7 @@ from starlette.routing import Route
 from heddle.api import WeightsSpec
 from heddle.exceptions import ConfigError, HeddleError
 
-from ._gateway import _Server, serve_bound
+from ._gateway import _Server, serve_bound, stop_served
 from ._session import RolloutSession
 
 __all__ = ["TRAINER_TOKEN_ENV", "TrainerServer", "create_trainer_app"]
@@ -172,9 +171,5 @@ class TrainerServer:
         return self.url
 
     async def stop(self) -> None:
-        if self._task is None:
-            return
-        self._server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        self._task = None
+        task, self._task = self._task, None
+        await stop_served(self._server, task)
