@@ -194,9 +194,11 @@ class _Pushes:
 
 
 _RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "the body is not JSON"},
     404: {"model": ErrorResponse, "description": "no push of that version on this worker"},
     409: {"model": ErrorResponse, "description": "another push or a disk load is under way"},
     422: {"model": ErrorResponse, "description": "the manifest does not fit the model"},
+    413: {"model": ErrorResponse, "description": "the body is over the worker's --max-body-mib"},
     503: {"model": ErrorResponse, "description": "not ready, loading or shutting down"},
 }
 
@@ -263,7 +265,12 @@ def add_push_routes(
                 pushes.current = None
             transfer.done.set()
 
-    @app.post("/v1/weights/push", response_model=PushPlan, responses=_RESPONSES, tags=["weights"])
+    @app.post(
+        "/v1/weights/push",
+        response_model=PushPlan,
+        responses={s: _RESPONSES[s] for s in (400, 409, 413, 422, 503)},
+        tags=["weights"],
+    )
     async def push(body: PushRequest) -> PushPlan:
         refuse_when_unavailable()
         refuse_when_busy()
