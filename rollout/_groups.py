@@ -23,6 +23,11 @@ in that order, each group whole. Meanwhile:
   running trajectories at each step boundary; together no trained group is
   past the bound unless the job says ``finish``.
 
+The stream also says how old a trajectory is (:meth:`GroupStream.age`: pushes since
+its first step's version) and whether a push dropped its KV
+(:meth:`GroupStream.kv_voided`); the session's priority and placement read them
+(heddle.scheduler's ``VersionAgedOrdering`` and ``unpinned``, docs/async.md).
+
 Without a quota nothing is held: records are written as they finish, and a
 trainer that asked for the stream (:meth:`GroupStream.follow`) still gets each
 group once whole, in completion order.
