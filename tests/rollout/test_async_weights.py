@@ -147,19 +147,13 @@ def test_trajectories_past_the_bound_follow_the_job(
             assert all(r["weight_versions"] == ["1", "2"] for r in crossed)
 
 
-@pytest.mark.parametrize("policy", ["heddle", "heddle-order"])
-def test_the_oldest_weight_version_steps_first(
-    policy: str, sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
-) -> None:
-    """After a push, heddle's session admits the steps of trajectories begun on the old
-    version before those begun on the new one (heddle.scheduler.VersionAgedOrdering),
-    whatever their predicted lengths; ``heddle-order`` (the same progressive priority
-    without the age) runs the longest predicted first, here the young ones.
-
-    Six steps wait together for a worker's admission window of one (held while they
-    queue, then let go); each runs on a real sim worker serving the new weights, one at
-    a time, so the order they finish in is the order the session admitted them.
-    """
+def _admission_order(
+    worker: WorkerEndpoint, policy: str, v1: WeightsSpec, v2: WeightsSpec, tmp_path: Path
+) -> list[int]:
+    """Six steps after a push, queued together at ``worker``'s admission window of one
+    (held while they queue, then let go), each run on the worker serving ``v2``, one at a
+    time: the order they finish in is the order the session admitted them. Samples 3-5
+    began on ``v1`` and are predicted short; 0-2 are young and predicted long."""
     from dataclasses import replace
 
     from heddle.rollout._record import TrajectoryRun
@@ -167,23 +161,20 @@ def test_the_oldest_weight_version_steps_first(
 
     from .test_session import FAST
 
-    _, workers = sim_pool
-    worker = workers[0]
-    v1, v2 = (WeightsSpec(fake_checkpoint(tmp_path / f"step-{n}"), str(n)) for n in (1, 2))
     tasks, env = _synthetic(1, 6)
     config = replace(FAST, max_inflight_per_worker=1)
-    out = tmp_path / "o.jsonl"
+    out = tmp_path / f"{policy}.jsonl"
     session = _session([worker], out, tasks, env, 6, weights=v1, policy=policy, config=config)
     session.push_weights(v2)
     runs = []
     for sample in range(6):
-        old = sample >= 3  # begun on version 1, predicted short; the others young and long
+        old = sample >= 3
         traj = Trajectory(f"age-{policy}-{sample}", "g", 10)
         traj.predicted_remaining_tokens = 100.0 if old else 5000.0 + sample
         run = TrajectoryRun(traj, tasks[0], 0, sample, env.episode(tasks[0], 0, sample, traj.id))
         run.pending = list(tasks[0].messages)
         if old:
-            run.segments.append(("1", 0, 0))
+            run.segments.append((v1.version, 0, 0))
         session.runs[traj.id] = run
         runs.append(run)
     sampling = {"max_tokens": 4, "temperature": 1.0, "top_p": 1.0, "ignore_eos": True}
@@ -191,9 +182,8 @@ def test_the_oldest_weight_version_steps_first(
 
     async def go() -> None:
         session._connect(worker)
-        client = session._clients[worker.name]
         try:
-            assert await client.load_weights(v2.path, v2.version, timeout=30.0) is not None
+            await session._clients[worker.name].load_weights(v2.path, v2.version, timeout=30.0)
             window = session._windows[worker.name]
             await window.acquire(0)  # held while the six steps queue, young ones first
 
@@ -212,11 +202,23 @@ def test_the_oldest_weight_version_steps_first(
                 await http.aclose()
 
     asyncio.run(go())
-    assert all(r.step_weight_version == "2" for r in runs)
-    if policy == "heddle":
-        assert sorted(finished[:3]) == [3, 4, 5], finished  # the old ones, in any order
-    else:
-        assert finished == [2, 1, 0, 3, 4, 5], finished  # longest predicted first, then FIFO
+    assert all(r.step_weight_version == v2.version for r in runs)
+    return finished
+
+
+def test_the_oldest_weight_version_steps_first(
+    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    """After a push, heddle's session admits the steps of trajectories begun on the old
+    version before those begun on the new one (heddle.scheduler.VersionAgedOrdering),
+    whatever their predicted lengths; ``heddle-order`` (the same progressive priority
+    without the age) runs the longest predicted first, here the young ones."""
+    _, workers = sim_pool
+    v1, v2 = (WeightsSpec(fake_checkpoint(tmp_path / f"step-{n}"), str(n)) for n in (1, 2))
+    aged = _admission_order(workers[0], "heddle", v1, v2, tmp_path)
+    assert sorted(aged[:3]) == [3, 4, 5], aged  # the old ones first, in any order
+    plain = _admission_order(workers[0], "heddle-order", v1, v2, tmp_path)
+    assert plain == [2, 1, 0, 3, 4, 5], plain  # longest predicted first, then FIFO
 
 
 @pytest.mark.parametrize("policy", ["heddle", "heddle-order"])
