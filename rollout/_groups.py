@@ -23,6 +23,11 @@ in that order, each group whole. Meanwhile:
   running trajectories at each step boundary; together no trained group is
   past the bound unless the job says ``finish``.
 
+The stream also says how old a trajectory is (:meth:`GroupStream.age`: pushes since
+its first step's version) and whether a push dropped its KV
+(:meth:`GroupStream.kv_voided`); the session's priority and placement read them
+(heddle.scheduler's ``VersionAgedOrdering`` and ``unpinned``, docs/async.md).
+
 Without a quota nothing is held: records are written as they finish, and a
 trainer that asked for the stream (:meth:`GroupStream.follow`) still gets each
 group once whole, in completion order.
@@ -38,6 +43,7 @@ from typing import Any, Protocol
 
 from heddle.api import AsynchronySpec
 from heddle.exceptions import ConfigError
+from heddle.scheduler import kv_voided, version_age
 
 from ._output_record import OutputRecord
 
@@ -400,11 +406,18 @@ class GroupStream:
                     worst = max(worst, now - place)
         return worst
 
+    def age(self, run: _Member) -> int:
+        """Weight pushes since ``run``'s first step's version (0 before its first step)."""
+        started = self._place(run.segments[0][0]) if run.segments else None
+        return version_age(started, self._pushes())
+
+    def kv_voided(self, run: _Member) -> bool:
+        """Whether a push since ``run``'s last step dropped its KV (the engine's prefix cache)."""
+        last = self._place(run.segments[-1][0]) if run.segments else None
+        return kv_voided(last, self._pushes())
+
     def _past_bound(self, run: _Member) -> bool:
-        if self.bound is None or not run.segments:
-            return False
-        place = self._place(run.segments[0][0])
-        return place is not None and self._pushes() - place > self.bound
+        return self.bound is not None and self.age(run) > self.bound
 
     def _stale_reason(self, run: _Member) -> str:
         return (

@@ -47,6 +47,7 @@ from heddle.scheduler import (
     ReplanState,
     Trajectory,
     TrajectoryState,
+    VersionAgedOrdering,
     decide_replan,
     engine_priority,
     get_policy,
@@ -199,6 +200,10 @@ class RolloutSession:
             pushes=lambda: self._pushes,
             version=lambda: self.weights.spec.version if self.weights.spec else None,
         )
+        if self.policy.version_age:  # oldest weight version first (heddle.scheduler._versions)
+            self.ordering = VersionAgedOrdering(
+                self.ordering, lambda t: self.groups.age(self.runs[t.id])
+            )
         self._live: set[str] = set(self._endpoints) if weights is None else set()
         self._draining: set[str] = set()
         self._strikes: dict[str, int] = {}
@@ -815,6 +820,8 @@ class RolloutSession:
             view = self._view()
             if view is not None:
                 self._worker_seen = time.monotonic()
+                if self.policy.version_age and self.groups.kv_voided(run):
+                    run.traj.instance = None  # a push dropped its KV: routed as a new one
                 return self.placement.route(run.traj, view)
             if time.monotonic() - self._worker_seen > self.config.no_worker_timeout_s:
                 raise HeddleError(

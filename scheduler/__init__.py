@@ -8,6 +8,8 @@ Everything the operator, the worker and the simulator decide about *when*,
 * :func:`plan_placement` / :class:`DPPlacement` – presorted-DP placement over instances,
 * :class:`ToolWindowMigration` – moves during tool calls, one per sender and receiver,
 * :func:`decide_replan` – the re-plan step the live session and the simulator share,
+* :class:`VersionAgedOrdering` / :func:`unpinned` – weight-version age in priority and
+  placement, shared by the live session and the multi-iteration simulator,
 * :class:`AnnealingShapePlanner` – the TP mix of a pool under its GPU budget,
 * the baselines (``verl``, ``verl-star``, ``slime``, ``fcfs``) behind the same interfaces,
 * :class:`PerfModel` – the explicit engine performance model all of them share,
@@ -134,6 +136,14 @@ from ._types import (
     fits_nodes,
     node_sizes,
 )
+from ._versions import (
+    VERSION_AGE_STEP,
+    VersionAgedOrdering,
+    aged_priority,
+    kv_voided,
+    unpinned,
+    version_age,
+)
 from ._workload import Distribution, ToolSpec, TrajectoryScript, WorkloadSpec, generate
 
 __all__ = [
@@ -152,6 +162,7 @@ __all__ = [
     "SUFFIX_DEFAULTS",
     "TRACE_FORMAT",
     "TRACE_VERSION",
+    "VERSION_AGE_STEP",
     "AcceptanceModel",
     "AnnealingShapePlanner",
     "BenchWorkload",
@@ -219,9 +230,11 @@ __all__ = [
     "Trajectory",
     "TrajectoryScript",
     "TrajectoryState",
+    "VersionAgedOrdering",
     "WorkloadSpec",
     "acceptance_model",
     "accepted_prefix",
+    "aged_priority",
     "aggregate",
     "check_tp_sizes",
     "choose_k",
@@ -238,6 +251,7 @@ __all__ = [
     "group_cost",
     "history_of",
     "k_by_batch_size",
+    "kv_voided",
     "load_profile",
     "make_migration",
     "make_ordering",
@@ -259,4 +273,6 @@ __all__ = [
     "tail_recall",
     "tokens_per_step",
     "trace_bench",
+    "unpinned",
+    "version_age",
 ]

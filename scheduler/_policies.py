@@ -74,6 +74,9 @@ class SchedulingPolicy:
     description: str
     # The dynamic resource manager: merge engines into higher TP for the tail (_reshape.py).
     dynamic_shape: bool = False
+    # Under weights pushed mid-rollout: oldest weight version first, and a trajectory whose
+    # KV a load dropped routes as a new one (_versions.py; the live session reads it).
+    version_age: bool = False
 
 
 POLICIES: dict[str, SchedulingPolicy] = {
@@ -87,6 +90,7 @@ POLICIES: dict[str, SchedulingPolicy] = {
             True,
             "sibling",
             "progressive priority + presorted-DP placement + migration + adaptive TP shape",
+            version_age=True,
         ),
         SchedulingPolicy(
             "heddle-order",

@@ -42,6 +42,7 @@ from .._cluster import ClusterSpec
 from .._perf import ModelSpec
 from .._policies import get_policy
 from .._types import PoolShape, Trajectory, TrajectoryState
+from .._versions import VersionAgedOrdering, unpinned, version_age
 from .._workload import TrajectoryScript
 from ._entities import SimEngine, SimTrajectory, drop_caches, interrupt_engine, requeue
 from ._simulator import _MERGED, _MIGRATED, _PLANNED, _REPLAN, SimConfig, Simulator
@@ -210,8 +211,8 @@ def iteration_policy(
             True,
             "Heddle: over-sample, stop at a quota of groups, carry the tail, oldest version first",
             over_sample=0.5 if over_sample is None else over_sample,
-            age_priority=True,
-            rebalance_on_update=True,
+            age_priority=get_policy("heddle").version_age,
+            rebalance_on_update=get_policy("heddle").version_age,
             wait_at_bound=True,
             cap=cap,
         )
@@ -328,19 +329,13 @@ class IterationSimulator(Simulator):
         self.train_busy_s = 0.0
         self._chunks_this_version = 0
         self._rollout_phase = True  # colocated: False while training
-        if policy.age_priority:
-            base = self.ordering.priority
+        if policy.age_priority:  # older weight versions first, as the live session does
+            self.ordering = VersionAgedOrdering(self.ordering, self._age)
             for engine in self.engines.values():
-                engine.priority = self._aged(base)
+                engine.priority = self.ordering.priority
 
-    def _aged(self, base: Callable[[Trajectory], float]) -> Callable[[Trajectory], float]:
-        """Older weight versions first, then the step policy's own order."""
-
-        def priority(traj: Trajectory) -> float:
-            age = self.rollout_version - self.first_version.get(traj.id, self.rollout_version)
-            return -1e9 * age + base(traj)
-
-        return priority
+    def _age(self, traj: Trajectory) -> int:
+        return version_age(self.first_version.get(traj.id), self.rollout_version)
 
     # -- launching ------------------------------------------------------------------
     def _launch_group(self, now: float) -> None:
@@ -497,6 +492,7 @@ class IterationSimulator(Simulator):
             self.step_end_s.append(now)
             self._rollout_phase = True
         rebalance = self.iter_policy.rebalance_on_update
+        voided = self.rollout_version - 1  # every engine dropped the KV of that version
         for engine in self.engines.values():
             engine.draining = False
             if rebalance:
@@ -505,14 +501,14 @@ class IterationSimulator(Simulator):
                     # Re-routed mid-turn: enqueue, not _dispatch (that would restart the turn).
                     engine.waiting.pop(sim.id)
                     engine._load_changed()
-                    sim.traj.instance = None
+                    sim.traj.instance = unpinned(sim.traj.instance, voided, self.rollout_version)
                     self.engines[self.placement.route(sim.traj, self._view())].enqueue(sim, now)
         for engine in self.engines.values():
             requeue(engine)
         if rebalance:
             for sim in self._unfinished.values():
                 if sim.traj.state is TrajectoryState.IN_TOOL:
-                    sim.traj.instance = None
+                    sim.traj.instance = unpinned(sim.traj.instance, voided, self.rollout_version)
         for engine in self.engines.values():
             self._kick(engine, now, arrival=False)
         if self.iter_policy.colocated and len(self.step_end_s) < self.iterations:

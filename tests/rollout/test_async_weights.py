@@ -145,3 +145,113 @@ def test_trajectories_past_the_bound_follow_the_job(
         else:
             assert crossed and dropped == [] and restarted == []
             assert all(r["weight_versions"] == ["1", "2"] for r in crossed)
+
+
+def _admission_order(
+    worker: WorkerEndpoint, policy: str, v1: WeightsSpec, v2: WeightsSpec, tmp_path: Path
+) -> list[int]:
+    """Six steps after a push, queued together at ``worker``'s admission window of one
+    (held while they queue, then let go), each run on the worker serving ``v2``, one at a
+    time: the order they finish in is the order the session admitted them. Samples 3-5
+    began on ``v1`` and are predicted short; 0-2 are young and predicted long."""
+    from dataclasses import replace
+
+    from heddle.rollout._record import TrajectoryRun
+    from heddle.scheduler import Trajectory
+
+    from .test_session import FAST
+
+    tasks, env = _synthetic(1, 6)
+    config = replace(FAST, max_inflight_per_worker=1)
+    out = tmp_path / f"{policy}.jsonl"
+    session = _session([worker], out, tasks, env, 6, weights=v1, policy=policy, config=config)
+    session.push_weights(v2)
+    runs = []
+    for sample in range(6):
+        old = sample >= 3
+        traj = Trajectory(f"age-{policy}-{sample}", "g", 10)
+        traj.predicted_remaining_tokens = 100.0 if old else 5000.0 + sample
+        run = TrajectoryRun(traj, tasks[0], 0, sample, env.episode(tasks[0], 0, sample, traj.id))
+        run.pending = list(tasks[0].messages)
+        if old:
+            run.segments.append((v1.version, 0, 0))
+        session.runs[traj.id] = run
+        runs.append(run)
+    sampling = {"max_tokens": 4, "temperature": 1.0, "top_p": 1.0, "ignore_eos": True}
+    finished: list[int] = []
+
+    async def go() -> None:
+        session._connect(worker)
+        try:
+            await session._clients[worker.name].load_weights(v2.path, v2.version, timeout=30.0)
+            window = session._windows[worker.name]
+            await window.acquire(0)  # held while the six steps queue, young ones first
+
+            async def step(k: int) -> None:
+                await session._attempt(runs[k], worker.name, sampling)
+                finished.append(k)
+
+            steps = [asyncio.create_task(step(k)) for k in range(6)]
+            while window.waiting < 6:
+                await asyncio.sleep(0.01)
+            window.release()
+            await asyncio.gather(*steps)
+        finally:
+            await session._purge_workers()
+            for http in session._pools.values():
+                await http.aclose()
+
+    asyncio.run(go())
+    assert all(r.step_weight_version == v2.version for r in runs)
+    return finished
+
+
+def test_the_oldest_weight_version_steps_first(
+    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    """After a push, heddle's session admits the steps of trajectories begun on the old
+    version before those begun on the new one (heddle.scheduler.VersionAgedOrdering),
+    whatever their predicted lengths; ``heddle-order`` (the same progressive priority
+    without the age) runs the longest predicted first, here the young ones."""
+    _, workers = sim_pool
+    v1, v2 = (WeightsSpec(fake_checkpoint(tmp_path / f"step-{n}"), str(n)) for n in (1, 2))
+    aged = _admission_order(workers[0], "heddle", v1, v2, tmp_path)
+    assert sorted(aged[:3]) == [3, 4, 5], aged  # the old ones first, in any order
+    plain = _admission_order(workers[0], "heddle-order", v1, v2, tmp_path)
+    assert plain == [2, 1, 0, 3, 4, 5], plain  # longest predicted first, then FIFO
+
+
+@pytest.mark.parametrize("policy", ["heddle", "heddle-order"])
+def test_a_push_unpins_trajectories_whose_kv_it_dropped(policy: str, tmp_path: Path) -> None:
+    """Heddle routes a trajectory whose last step ran on weights older than the ones served
+    as a new one (heddle.scheduler.unpinned): the load dropped its KV, so it goes to the
+    least-loaded worker; one that stepped on the new weights, and every trajectory under
+    a policy without version age, stays where its context is."""
+    from heddle.rollout._record import TrajectoryRun
+    from heddle.scheduler import Trajectory, VersionAgedOrdering
+
+    tasks, env = _synthetic(1, 2)
+    workers = [WorkerEndpoint(n, "http://127.0.0.1:9") for n in ("w0", "w1")]  # never called
+    v1, v2 = (WeightsSpec(fake_checkpoint(tmp_path / f"step-{n}"), str(n)) for n in (1, 2))
+    session = _session(workers, tmp_path / "out.jsonl", tasks, env, 2, weights=v1, policy=policy)
+    assert isinstance(session.ordering, VersionAgedOrdering) == (policy == "heddle")
+    runs = []
+    for sample in (0, 1):
+        traj = Trajectory(f"t{sample}", "g", 10, instance="w0")
+        run = TrajectoryRun(traj, tasks[0], 0, sample, env.episode(tasks[0], 0, sample, traj.id))
+        run.segments.append(("1", 0, 5))
+        session.runs[traj.id] = run
+        runs.append(run)
+    session._load.update(w0=5, w1=0)  # sticky keeps w0 (within DP's rebalance margin)
+
+    async def route(run: TrajectoryRun) -> str:
+        session._live.update(("w0", "w1"))  # as once both workers serve the weights
+        return await session._route(run)
+
+    assert asyncio.run(route(runs[0])) == "w0"  # its KV is current: it stays
+    session.push_weights(v2)
+    runs[1].segments.append(("2", 5, 9))  # a step on the new weights since
+    moved = asyncio.run(route(runs[0]))
+    assert moved == ("w1" if policy == "heddle" else "w0")
+    assert asyncio.run(route(runs[1])) == "w0"
+    assert session.groups.age(runs[0]) == session.groups.age(runs[1]) == 1

@@ -9,6 +9,7 @@ import pytest
 
 from heddle.exceptions import ConfigError
 from heddle.rollout import load_bench_workload, load_cluster
+from heddle.scheduler import VersionAgedOrdering
 from heddle.scheduler.sim import (
     ITERATION_POLICIES,
     IterationSimulator,
@@ -79,6 +80,20 @@ def test_heddle_keeps_the_bound_and_carries_the_tail(stream: tuple) -> None:  # 
     assert carried, "no trajectory crossed a weight version"
     for sid in carried:
         assert sim.last_version[sid] > sim.first_version[sid]
+
+
+def test_heddle_orders_by_version_age_as_the_live_session_does(stream: tuple) -> None:  # type: ignore[type-arg]
+    """The engines rank steps with heddle.scheduler.VersionAgedOrdering (the class the live
+    session wraps its ordering in): a trajectory begun a version earlier runs first."""
+    sim = _run("heddle", stream, over_sample=0.5)
+    assert isinstance(sim.ordering, VersionAgedOrdering)
+    assert all(e.priority == sim.ordering.priority for e in sim.engines.values())
+    old, young = (sim.sims[s].traj for s in list(sim.first_version)[:2])
+    sim.first_version[old.id], sim.first_version[young.id] = 0, sim.rollout_version
+    old.predicted_remaining_tokens, young.predicted_remaining_tokens = 1.0, 1e6
+    assert sim.rollout_version >= 1
+    assert sim.ordering.priority(old) < sim.ordering.priority(young)
+    assert not isinstance(_run("slime-partial", stream).ordering, VersionAgedOrdering)
 
 
 def test_disaggregated_admission_stays_within_the_window(stream: tuple) -> None:  # type: ignore[type-arg]
