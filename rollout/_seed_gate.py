@@ -108,7 +108,7 @@ class SeedGate:
         return SeedQuery(
             tp=tp,
             batch=len(live),
-            context_tokens=float(sum(t.context_tokens for t in live)),
+            context_tokens=float(sum(max(t.context_tokens, t.prompt_tokens) for t in live)),
             k=engine_k(speculation, len(live)),
             insert_tokens=insert_tokens,
             members=len(members),

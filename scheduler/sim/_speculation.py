@@ -168,9 +168,13 @@ class EngineSpeculator:
     ) -> bool:
         """Does inserting this text into ``engine`` pay for ``group``'s requests there
         (:func:`seed_text_pays`, on the predictor's remaining lengths)?"""
+        return self.pays(self.seed_query(engine, group, insert_tokens, siblings, history))
+
+    def pays(self, query: SeedQuery) -> bool:
+        """The seeding question (:func:`seed_text_pays`) at this run's acceptance and cost."""
         return seed_text_pays(
             self.perf,
-            self.seed_query(engine, group, insert_tokens, siblings, history),
+            query,
             lambda k, s, h: self._tokens_per_step(k, s, h, 0.0),
             seconds_per_inserted_token=self.spec.seed_s_per_token,
         )
