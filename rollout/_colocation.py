@@ -98,7 +98,7 @@ def live_colocation(
     sizes = tuple(sorted(set(local.pool.tensor_parallel_sizes) | set(shape.tps())))
     if isinstance(perf, ProfiledPerfModel):  # simulate only on what the profile measured
         sizes = tuple(tp for tp in sizes if tp in perf.profile.tps) or tuple(shape.tps())
-    cluster = planner_cluster(perf, shape.gpus, local.pool.gpus_per_node, sizes)
+    cluster = planner_cluster(perf, local.pool.gpus, local.pool.gpus_per_node, sizes)
     cap = max_trajectories_in_flight
     per_engine = max(1, cap // shape.num_instances) if cap else None
     placement, reason = judge_colocation(

@@ -169,11 +169,12 @@ def test_without_the_gate_every_text_is_sent(
     assert stats["texts_sent"] == sum(len(s.texts) for s in feed.seen.values()) > 0
 
 
-def _simulated_verdict(job: Path, pool: Path, speculation: Speculation) -> tuple[str, str]:
+def _simulated_verdict(job: Path, pool_file: Path, speculation: Speculation) -> tuple[str, str]:
     """The live decision and the simulator's for the same job: the simulator runs the
     predictor's prior sketch of the job, on the planned shape and routing."""
-    local = prepare_job(job, pool)
-    perf = perf_model_for(local.pool)
+    local = prepare_job(job, pool_file)
+    pool = local.pool
+    perf = perf_model_for(pool)
     plan = plan_pool(local, perf)
     live = live_colocation(
         local, plan.shape, plan.policy, plan.max_trajectories_in_flight, perf, speculation
@@ -190,7 +191,7 @@ def _simulated_verdict(job: Path, pool: Path, speculation: Speculation) -> tuple
     scripts = workload_sketch(sketch.records, tool_latency_s=0.0)
     sim = Simulator(
         scripts,
-        planner_cluster(perf, plan.shape.gpus, local.pool.gpus_per_node, plan.shape.tps()),
+        planner_cluster(perf, pool.gpus, pool.gpus_per_node, pool.tensor_parallel_sizes),
         policy,
         tool_means_s=sketch.tool_means_s,
         shape=plan.shape,
