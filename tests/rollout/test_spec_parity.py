@@ -19,6 +19,7 @@ from typing import Any
 
 from heddle.api import SamplingSpec
 from heddle.rollout import (
+    ColocationVerdict,
     DraftCorpus,
     DraftsFeed,
     DraftText,
@@ -28,6 +29,7 @@ from heddle.rollout import (
     SeedGate,
     SessionConfig,
     SyntheticEnvironment,
+    build_session,
     live_colocation,
     load_workload,
     perf_model_for,
@@ -42,10 +44,12 @@ from heddle.scheduler import (
     PerfModel,
     PredictorConfig,
     get_policy,
+    make_placement,
     make_predictor,
 )
 from heddle.scheduler.sim import (
     EngineSpeculator,
+    GroupStickyPlacement,
     SimConfig,
     Simulator,
     planner_cluster,
@@ -209,3 +213,24 @@ def test_the_live_session_and_the_simulator_take_the_same_colocation_verdict() -
             examples / "job.yaml", examples / "pool.yaml", speculation
         )
         assert live == simulated, speculation
+
+
+def test_build_session_keeps_groups_whole_where_the_verdict_is_on(tmp_path: Path) -> None:
+    examples = ROOT / "examples" / "synthetic"
+    local = prepare_job(examples / "job.yaml", examples / "pool.yaml")
+    perf = perf_model_for(local.pool)
+    plan = plan_pool(local, perf)
+    workers = [WorkerEndpoint(f"w{i}", f"http://127.0.0.1:{9 + i}", 1) for i in range(2)]
+    suffix = Speculation.of("suffix", 4)
+
+    def build(verdict: ColocationVerdict | None) -> RolloutSession:
+        sink = OutputSink(tmp_path / "out.jsonl")
+        return build_session(
+            local, workers, sink, plan=plan, perf=perf, speculation=suffix, colocation=verdict
+        )
+
+    assert isinstance(build(ColocationVerdict(True, "on")).placement, GroupStickyPlacement)
+    # Not given, it is decided there (off for this job: see the test above): the policy's own.
+    session = build(None)
+    assert type(session.placement) is type(make_placement(get_policy(plan.policy).placement))
+    assert session.drafts is not None and session.drafts.gate is not None
