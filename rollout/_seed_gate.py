@@ -22,6 +22,7 @@ is decided once per engine.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,8 +77,8 @@ class SeedGate:
     perf: PerfModel
     acceptance: AcceptanceModel = field(default_factory=lambda: ACCEPTANCE_PRESETS[AUTO_ACCEPTANCE])
     seconds_per_inserted_token: float = SEED_S_PER_TOKEN
-    keep_decisions: int = 10_000  # the newest decisions kept for reports and tests
-    decisions: list[SeedDecision] = field(default_factory=list)
+    # The newest decisions, for reports and tests (bounded: a long run takes many).
+    decisions: deque[SeedDecision] = field(default_factory=lambda: deque(maxlen=10_000))
 
     def tokens_per_step(self, k: int, siblings: int, history: int) -> float:
         """The acceptance the simulator's decision reads: suffix drafting at the output's
@@ -127,6 +128,4 @@ class SeedGate:
             seconds_per_inserted_token=self.seconds_per_inserted_token,
         )
         self.decisions.append(SeedDecision(engine, task_id, unit, texts, query, pays))
-        if len(self.decisions) > self.keep_decisions:
-            del self.decisions[: len(self.decisions) - self.keep_decisions]
         return pays
