@@ -90,9 +90,14 @@ def live_colocation(
 ) -> ColocationVerdict | None:
     """The decision for this run on ``shape`` under ``routing`` (the job's policy or the
     shape planner's fallback) at its in-flight cap (``PoolPlan``, rollout/_run.py), or
-    None where it is not asked: speculation off, or one sample per task (no groups)."""
+    None where it is not asked: speculation off, one sample per task (no groups), or a
+    step-level baseline's policy (verl, slime: their own routing, as in the simulator)."""
     spec = sim_speculation_for(speculation or local.pool.speculation)
     if spec is None or local.job.samples_per_task <= 1:
+        return None
+    if not get_policy(local.job.policy).name.startswith("heddle"):
+        # The simulator co-locates only for Heddle's runs (heddle bench: the baselines
+        # run stock vLLM, whose routing places each trajectory); so does the session.
         return None
     sketch = prior_sketch(local, get_policy(local.job.policy).predictor or PRIOR_PREDICTOR)
     sizes = tuple(sorted(set(local.pool.tensor_parallel_sizes) | set(shape.tps())))

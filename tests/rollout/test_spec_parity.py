@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from array import array
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +214,14 @@ def test_the_live_session_and_the_simulator_take_the_same_colocation_verdict() -
             examples / "job.yaml", examples / "pool.yaml", speculation
         )
         assert live == simulated, speculation
+    # A step-level baseline keeps its own routing (the simulator's baselines run stock vLLM).
+    local = prepare_job(examples / "job.yaml", examples / "pool.yaml")
+    verl = replace(local, job=replace(local.job, policy="verl"))
+    plan = plan_pool(verl, perf_model_for(verl.pool))
+    suffix = Speculation.of("suffix", 4)
+    assert (
+        live_colocation(verl, plan.shape, "verl", None, perf_model_for(verl.pool), suffix) is None
+    )
 
 
 def test_build_session_keeps_groups_whole_where_the_verdict_is_on(tmp_path: Path) -> None:
