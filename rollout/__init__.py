@@ -9,6 +9,7 @@ planning path from (job, pool, tasks) to a running session: ``prepare_job`` and
 """
 
 from ._answers import expected_answer, extract_answer, same_answer
+from ._colocation import ColocationVerdict, live_colocation
 from ._contract import FAILED_ROWS, is_placeholder, order_rows, placeholder_record
 from ._drafts_feed import (
     DraftCorpus,
@@ -139,6 +140,7 @@ from ._run import (
     trainer_file,
 )
 from ._sandbox import SandboxLimits, SandboxResult, run_python
+from ._seed_gate import SeedDecision, SeedGate, engine_k
 from ._session import (
     RolloutSession,
     SessionConfig,
@@ -174,6 +176,7 @@ __all__ = [
     "AnswerReward",
     "Batch",
     "CodeReward",
+    "ColocationVerdict",
     "DraftCorpus",
     "DraftText",
     "DraftsFeed",
@@ -214,6 +217,8 @@ __all__ = [
     "SandboxLimits",
     "SandboxResult",
     "ScriptedReward",
+    "SeedDecision",
+    "SeedGate",
     "SessionConfig",
     "SessionMetrics",
     "SessionResult",
@@ -240,6 +245,7 @@ __all__ = [
     "die_with_parent",
     "drafts_feed_for",
     "encode_record",
+    "engine_k",
     "expected_answer",
     "export_rows",
     "extract_answer",
@@ -249,6 +255,7 @@ __all__ = [
     "is_placeholder",
     "job_workload",
     "length_report",
+    "live_colocation",
     "load_bench_workload",
     "load_cluster",
     "load_workload",

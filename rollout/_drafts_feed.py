@@ -27,6 +27,11 @@ texts are offered again the next time a step of that task goes to that engine).
 Only for pools whose speculation method is ``suffix`` or ``auto``; an engine whose
 ``/v1/state`` says it does not run suffix decoding (``auto`` without arctic-inference)
 gets nothing.
+
+With a :class:`SeedGate` (the session's, rollout/_run.py), each insertion is decided
+as the simulator decides it (:func:`heddle.scheduler.seed_text_pays`, rollout/_seed_gate.py):
+a text that would cost its engine more than it saves is not sent, and counted
+(``texts_refused``). A refused sibling is offered again with its next turn.
 """
 
 from __future__ import annotations
@@ -35,11 +40,14 @@ import asyncio
 import logging
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from heddle.exceptions import HeddleError
+from heddle.scheduler import Trajectory
+
+from ._seed_gate import SeedGate
 
 __all__ = [
     "DRAFTING_METHODS",
@@ -53,6 +61,21 @@ __all__ = [
 log = logging.getLogger("heddle.session.drafts")
 
 DRAFTING_METHODS: Final = ("suffix", "auto")  # methods whose engines draft from other texts
+
+
+class _HasId(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+class TrackedRun(Protocol):
+    """What the gate reads of a session's trajectory (rollout/_record.py, TrajectoryRun)."""
+
+    @property
+    def traj(self) -> Trajectory: ...
+
+    @property
+    def task(self) -> _HasId: ...
 
 
 class SeedsDrafts(Protocol):
@@ -85,6 +108,7 @@ class DraftText:
     tokens: array[int]  # 4 bytes a token (a list of ints costs about 36)
     origin: str | None
     job: str
+    trajectory: str = ""  # the trajectory whose step made it (a sibling's texts go together)
 
 
 @dataclass
@@ -141,6 +165,9 @@ class FeedStats:
     texts_seeded: int = 0  # of those, inserted by the engines (the rest: already held)
     calls: int = 0
     errors: int = 0  # calls that failed (logged, never raised)
+    texts_failed: int = 0  # texts of the calls that failed (offered again later)
+    texts_refused: int = 0  # texts the seed gate found not paying (never sent)
+    tokens_refused: int = 0
     dropped: int = 0  # texts not queued: the queue or the per-engine-task bound was full
 
     def as_dict(self) -> dict[str, int]:
@@ -155,8 +182,10 @@ class DraftsFeed:
         job: str,
         corpus: DraftCorpus | None = None,
         config: DraftsFeedConfig | None = None,
+        gate: SeedGate | None = None,
     ) -> None:
         self.job = job
+        self.gate = gate  # None: every text is sent (no decision)
         self.corpus = corpus if corpus is not None else DraftCorpus()
         self.config = config or DraftsFeedConfig()
         self.stats = FeedStats()
@@ -171,11 +200,29 @@ class DraftsFeed:
         self._not_drafting: set[str] = set()
         self._wake: asyncio.Event | None = None  # made by run(), on the session's loop
         self._closing = False  # set when the session ends: no new call starts
+        # What the gate reads: the session's trajectories, where each one's step runs,
+        # the siblings whose texts each engine holds, each engine's /v1/state.
+        self._tracked: Mapping[str, TrackedRun] = {}
+        self._on: dict[str, str] = {}  # trajectory -> engine of its latest step
+        self._served: dict[tuple[str, str], set[str]] = {}  # (engine, task) -> ran a step there
+        self._pushed: dict[tuple[str, str], set[str]] = {}  # (engine, task) -> siblings inserted
+        self._history_seeded: dict[tuple[str, str], int] = {}  # (engine, task) -> samples
+        self._states: dict[str, Mapping[str, Any]] = {}  # engine -> its /v1/state
+        self._sizes: dict[str, int] | None = None  # task -> trajectories (the group's size)
+
+    def track(self, runs: Mapping[str, TrackedRun]) -> None:
+        """The session's trajectories by id (read when a text is decided, never copied)."""
+        self._tracked = runs
+        self._sizes = None
 
     # -- the session's hooks (synchronous: they only queue) ----------------------------
-    def before_step(self, task_id: str, engine: str) -> None:
-        """A step of ``task_id`` goes to ``engine``: the first time, queue every text of
-        the task it lacks (this job's siblings from elsewhere, then the history)."""
+    def before_step(self, task_id: str, engine: str, trajectory_id: str | None = None) -> None:
+        """A step of ``task_id`` (of ``trajectory_id``) goes to ``engine``: the first time,
+        queue every text of the task it lacks (this job's siblings from elsewhere, then
+        the history)."""
+        if trajectory_id is not None:
+            self._on[trajectory_id] = engine
+            self._served.setdefault((engine, task_id), set()).add(trajectory_id)
         hosts = self._hosts.setdefault(task_id, set())
         if engine in hosts:
             return  # it has had the task's texts; new ones reach it as they appear
@@ -197,13 +244,19 @@ class DraftsFeed:
             array("i", tokens[: self.config.max_text_tokens]),
             engine,
             self.job,
+            trajectory_id,
         )
         texts.append(text)
         self._runs.setdefault(trajectory_id, []).append(text)
         self._task_runs.setdefault(task_id, set()).add(trajectory_id)
+        self._served.setdefault((engine, task_id), set()).add(trajectory_id)
         hosts = self._hosts.setdefault(task_id, set())
+        # Gated, the texts of a sibling an engine refused travel again with its new turn
+        # (decided together, as the simulator decides its whole text so far); the rest
+        # were sent and are skipped.
+        news = self._runs[trajectory_id] if self.gate is not None else [text]
         for other in sorted(hosts - {engine}):
-            self._enqueue(other, task_id, [text])
+            self._enqueue(other, task_id, news)
         hosts.add(engine)
 
     def finished(self, task_id: str, trajectory_id: str, *, keep: bool = True) -> None:
@@ -223,8 +276,10 @@ class DraftsFeed:
         """``engine`` went down (a restart loses its cache): it gets everything again."""
         for hosts in self._hosts.values():
             hosts.discard(engine)
-        for key in [k for k in self._sent if k[0] == engine]:
-            del self._sent[key]
+        for held in (self._sent, self._served, self._pushed, self._history_seeded):
+            for key in [k for k in held if k[0] == engine]:
+                del held[key]
+        self._states.pop(engine, None)
         dropped = self._queue.pop(engine, OrderedDict())
         self._queued -= sum(len(v) for v in dropped.values())
         self._not_drafting.discard(engine)
@@ -280,6 +335,10 @@ class DraftsFeed:
                 # stats count; cut mid-call, a delivered batch would go uncounted.
                 self._closing = True
                 await sending
+                st = self.stats
+                log.info("%s: drafts sent %d texts (%d tokens), refused %d as not paying, "
+                         "%d in failed calls", self.job, st.texts_sent, st.tokens_sent,
+                         st.texts_refused, st.texts_failed)  # fmt: skip
                 raise
 
     async def _send(
@@ -288,7 +347,10 @@ class DraftsFeed:
         tasks: OrderedDict[str, list[DraftText]],
         client_for: Callable[[str], SeedsDrafts | None],
     ) -> None:
-        for task_id, texts in tasks.items():
+        for task_id, queued in tasks.items():
+            texts = queued
+            if self.gate is not None:
+                texts = await self._gated(engine, task_id, queued, client_for(engine))
             for start in range(0, len(texts), self.config.batch_texts):
                 batch = texts[start : start + self.config.batch_texts]
                 client = client_for(engine)
@@ -304,6 +366,7 @@ class DraftsFeed:
                     )
                 except (HeddleError, OSError, ValueError, KeyError, TypeError) as exc:
                     self.stats.errors += 1
+                    self.stats.texts_failed += len(batch)
                     log.info("%s: drafts for %s not sent to %s (%s); offered again later",
                              self.job, task_id, engine, exc)  # fmt: skip
                     self._unsend(engine, task_id, batch)
@@ -318,6 +381,7 @@ class DraftsFeed:
         known = self._drafting.get(engine)
         if known is None:
             state = await client.state()
+            self._states[engine] = state
             method = (state.get("speculation") or {}).get("method")
             known = self._drafting[engine] = method == "suffix"
             if not known:
@@ -335,3 +399,75 @@ class DraftsFeed:
         hosts = self._hosts.get(task_id)
         if hosts is not None:
             hosts.discard(engine)
+
+    # -- the seed gate (rollout/_seed_gate.py) ----------------------------------------------
+    async def _gated(
+        self,
+        engine: str,
+        task_id: str,
+        texts: list[DraftText],
+        client: SeedsDrafts | None,
+    ) -> list[DraftText]:
+        """The texts worth inserting into ``engine`` (module docstring); the others are
+        counted and, a sibling's, offered again with its next turn."""
+        gate = self.gate
+        if gate is None or client is None or self._closing:
+            return texts
+        try:
+            if not await self._drafts_from_texts(engine, client):
+                return texts  # nothing goes there: the sender skips them
+        except (HeddleError, OSError, ValueError, KeyError, TypeError):
+            return texts  # the sender's call fails alike, and counts it
+        state = self._states.get(engine, {})
+        running = [
+            (run.task.id, run.traj)
+            for tid, on in self._on.items()
+            if on == engine and (run := self._tracked.get(tid)) is not None
+        ]
+        size = self._group_size(task_id)
+        key = (engine, task_id)
+        units: OrderedDict[str, list[DraftText]] = OrderedDict()
+        for text in texts:
+            units.setdefault("history" if text.job != self.job else text.trajectory, []).append(
+                text
+            )
+        kept: list[DraftText] = []
+        for unit, members in units.items():
+            served = self._served.get(key, set())
+            pushed = self._pushed.setdefault(key, set())
+            if unit != "history" and (unit in pushed or unit in served):
+                kept.extend(members)  # a sibling the engine holds: its new turns keep it current
+                continue
+            here = max(0, len(served | pushed) - 1)
+            history = len({(t.job, t.trajectory) for t in members})
+            query = gate.query(
+                running,
+                task_group=task_id,
+                tp=int(state.get("tp") or 1),
+                speculation=state.get("speculation"),
+                insert_tokens=float(sum(len(t.tokens) for t in members)),
+                siblings_held=here,
+                siblings_after=here if unit == "history" else min(here + 1, max(0, size - 1)),
+                history_held=self._history_seeded.get(key, 0),
+                history_after=history if unit == "history" else 0,
+            )
+            if gate.decide(engine, task_id, unit, len(members), query):
+                kept.extend(members)
+                if unit == "history":
+                    self._history_seeded[key] = history
+                else:
+                    pushed.add(unit)
+                continue
+            self.stats.texts_refused += len(members)
+            self.stats.tokens_refused += sum(len(t.tokens) for t in members)
+            if unit != "history":  # decided again with the sibling's next turn
+                self._sent.get(key, set()).difference_update(t.key for t in members)
+        return kept
+
+    def _group_size(self, task_id: str) -> int:
+        if self._sizes is None:
+            sizes: dict[str, int] = {}
+            for run in self._tracked.values():
+                sizes[run.task.id] = sizes.get(run.task.id, 0) + 1
+            self._sizes = sizes
+        return self._sizes.get(task_id, 1)

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -27,21 +26,18 @@ from heddle.exceptions import ManifestError, OutputError
 from heddle.scheduler import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,
-    Distribution,
-    FinishedTrajectory,
     PerfModel,
     PoolShape,
-    PredictorConfig,
     ProfiledPerfModel,
     ShapeConfig,
     WorkloadSpec,
     get_policy,
     load_profile,
-    make_predictor,
 )
 from heddle.scheduler.sim import SimulatedShapePlanner
 from heddle.worker import Speculation, WorkerEndpoint
 
+from ._colocation import ColocationVerdict, apply_colocation, live_colocation
 from ._drafts_feed import DRAFTING_METHODS, DraftsFeed, pool_corpus
 from ._environments import Environment, SyntheticEnvironment, synthetic_tasks
 from ._external import ExternalEnvironment
@@ -51,9 +47,11 @@ from ._job import LocalJob
 from ._local import LocalPool, LocalWorkerOptions, is_tiny_model
 from ._output import OutputSink
 from ._presets import WORKLOAD_PRESETS, load_workload
+from ._prior import prior_sketch
 from ._progress import Progress, SessionMetrics
 from ._reward_stats import read_output_records, reward_stats
 from ._rewards import make_scorer
+from ._seed_gate import SeedGate
 from ._session import RolloutSession, SessionConfig, SessionResult
 from ._tasks import TaskSet, read_tasks
 from ._tools import ToolsEnvironment
@@ -263,30 +261,7 @@ def plan_pool(local: LocalJob, perf: PerfModel) -> PoolPlan:
     policy = get_policy(local.job.policy)
     if not policy.adaptive_shape or policy.predictor is None:
         return PoolPlan(baseline, local.job.policy)
-    predictor = make_predictor(
-        policy.predictor, PredictorConfig.for_budget(local.job.sampling.max_total_tokens)
-    )
-    from heddle.scheduler import Trajectory  # noqa: PLC0415 - only here
-
-    records = []
-    for i, task in enumerate(local.tasks.tasks):
-        prompt = max(1, sum(len(m["content"]) // 4 for m in task.messages))
-        for s in range(local.job.samples_per_task):
-            t = Trajectory(f"t{i}-{s}", f"t{i}", prompt)
-            prediction = predictor.update(t)
-            # The job's own limits bound what the prior predicts: a trajectory never
-            # generates more than maxTotalTokens nor runs more than maxTurns steps.
-            tokens = min(prediction.remaining_tokens, local.job.sampling.max_total_tokens)
-            turns = min(prediction.remaining_turns, local.job.max_turns)
-            records.append(
-                FinishedTrajectory(f"t{i}", prompt, max(1, round(tokens)), max(1, round(turns)))
-            )
-    tool_means: dict[str, float] = {}
-    reply_tokens = 128.0
-    if local.workload is not None and local.workload.tools:
-        tools = local.workload.tools
-        tool_means = {t.name: _dist_mean(t.latency_s) for t in tools}
-        reply_tokens = float(sum(_dist_mean(t.output_tokens) for t in tools) / len(tools))
+    sketch = prior_sketch(local, policy.predictor)
     config = ShapeConfig(
         gpu_budget=pool.gpus,
         gpus_per_node=pool.gpus_per_node,
@@ -295,10 +270,10 @@ def plan_pool(local: LocalJob, perf: PerfModel) -> PoolPlan:
     # No running shape to weigh a reshape against: the pool takes the plan (the
     # operator reshapes to it), and its fallback and cap were scored on that shape.
     plan = SimulatedShapePlanner(perf, config).plan_history(
-        records,
+        sketch.records,
         None,
-        tool_means_s=tool_means,
-        tool_output_tokens=reply_tokens,
+        tool_means_s=sketch.tool_means_s,
+        tool_output_tokens=sketch.tool_output_tokens,
         policy=policy.name,
     )
     if plan.fallback_policy is None:
@@ -307,11 +282,6 @@ def plan_pool(local: LocalJob, perf: PerfModel) -> PoolPlan:
     return PoolPlan(
         plan.shape, plan.fallback_policy, cap * plan.shape.num_instances if cap else None
     )
-
-
-def _dist_mean(d: Distribution) -> float:
-    """Mean of a clipped log-normal, approximately (the unclipped mean, clipped)."""
-    return float(min(max(d.median * math.exp(0.5 * d.sigma**2), d.minimum), d.maximum))
 
 
 def build_environment(local: LocalJob) -> Environment:
@@ -372,6 +342,7 @@ def summary_of(
     result: SessionResult,
     engine: str,
     scheduling: str | None = None,
+    colocation: ColocationVerdict | None = None,
 ) -> dict[str, Any]:
     p = result.progress
     policy = get_policy(scheduling or local.job.policy)
@@ -402,6 +373,9 @@ def summary_of(
         },
         "deadline_hit": result.deadline_hit,
         **({"drafts": result.drafts} if result.drafts is not None else {}),
+        # Whether GRPO groups were kept whole (the simulator's decision); absent where it
+        # was not asked (speculation off, or one sample per task).
+        **({"colocation": colocation.as_dict()} if colocation is not None else {}),
         "rewards": _rewards_of(local),
         "malformed_tasks": [str(e) for e in local.tasks.errors],
         "failures": result.failures,
@@ -441,6 +415,9 @@ async def run_local(
     perf = perf_model_for(local.pool, options)
     plan = plan_pool(local, perf)
     shape = plan.shape
+    colocation = live_colocation(
+        local, shape, plan.policy, plan.max_trajectories_in_flight, perf, options.speculation
+    )
     # Locked and checked before any worker starts: a second run on this output stops here.
     sink = OutputSink(local.output)
     sink.open()
@@ -469,6 +446,7 @@ async def run_local(
             on_progress=on_progress,
             metrics=metrics,
             speculation=options.speculation,
+            colocation=colocation,
         )
         if trainer is not None:
             trainer_api = await serve_trainer(session, local, trainer)
@@ -488,7 +466,7 @@ async def run_local(
             await asyncio.shield(served.stop())
             gateway_file(local.output).unlink(missing_ok=True)  # an agent never finds a stale one
         await asyncio.shield(pool.stop())
-    summary = summary_of(local, shape, result, options.engine, plan.policy)
+    summary = summary_of(local, shape, result, options.engine, plan.policy, colocation)
     summary_path = local.output.with_name(local.output.name + ".summary.json")
     try:
         summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
@@ -510,6 +488,7 @@ def build_session(
     metrics: SessionMetrics | None = None,
     weight_versions: dict[str, str] | None = None,
     speculation: Speculation | None = None,
+    colocation: ColocationVerdict | None = None,
 ) -> RolloutSession:
     """The one way from (job, pool, tasks, workers) to a session: ``heddle run``, the
     session pod (``heddle session``) and the benchmarks all build it here.
@@ -518,7 +497,10 @@ def build_session(
     written by a sink like the output's (locked, resumed, never a torn line).
     Where the engines speculate with ``suffix`` or ``auto`` (``speculation``, else the
     pool's), the session feeds them siblings' and earlier iterations' texts
-    (:class:`DraftsFeed`, the history kept per pool in this process: :func:`pool_corpus`).
+    (:class:`DraftsFeed`, the history kept per pool in this process: :func:`pool_corpus`),
+    each text only where inserting it pays (:class:`SeedGate`, the simulator's decision);
+    and keeps GRPO groups whole on one engine where the simulator's co-location decision
+    takes it (``colocation``: decided here unless given; rollout/_colocation.py).
     """
     for error in local.tasks.errors:
         log.warning("skipping a malformed task: %s", error)
@@ -527,7 +509,11 @@ def build_session(
         if local.job.output_trace
         else None
     )
-    return RolloutSession(
+    if colocation is None:
+        colocation = live_colocation(
+            local, plan.shape, plan.policy, plan.max_trajectories_in_flight, perf, speculation
+        )
+    session = RolloutSession(
         job=local.job.name,
         tasks=local.tasks.tasks,
         samples_per_task=local.job.samples_per_task,
@@ -548,16 +534,22 @@ def build_session(
         weight_versions=weight_versions,
         max_trajectories_in_flight=plan.max_trajectories_in_flight,
         trace=trace,
-        drafts=drafts_feed_for(local, speculation),
+        drafts=drafts_feed_for(local, speculation, perf),
     )
+    apply_colocation(session, colocation)
+    return session
 
 
-def drafts_feed_for(local: LocalJob, speculation: Speculation | None = None) -> DraftsFeed | None:
-    """The drafting corpus's feed where the engines draft from other texts (suffix, auto)."""
+def drafts_feed_for(
+    local: LocalJob, speculation: Speculation | None = None, perf: PerfModel | None = None
+) -> DraftsFeed | None:
+    """The drafting corpus's feed where the engines draft from other texts (suffix, auto);
+    with ``perf``, each insertion decided as the simulator decides it (:class:`SeedGate`)."""
     method = (speculation or local.pool.speculation).method
     if method not in DRAFTING_METHODS:
         return None
-    return DraftsFeed(local.job.name, pool_corpus(local.pool.name))
+    gate = SeedGate(perf) if perf is not None else None
+    return DraftsFeed(local.job.name, pool_corpus(local.pool.name), gate=gate)
 
 
 def session_config_for(job: RolloutJobSpec, base: SessionConfig | None = None) -> SessionConfig:

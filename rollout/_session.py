@@ -182,6 +182,8 @@ class RolloutSession:
         # Siblings' and earlier iterations' texts for engines' suffix caches (suffix/auto).
         self.drafts = drafts
         self.runs: dict[str, TrajectoryRun] = {}
+        if drafts is not None:  # the seed gate reads the trajectories' predictions
+            drafts.track(self.runs)
         # With spec.weights, a worker takes steps only once it serves them (docs/rollouts.md).
         self.weights = WeightsKeeper(job, weights, weight_versions, self.config.step_timeout_s)
         # spec.asynchrony: weight versions in the order they were pushed (the first: the
@@ -798,7 +800,7 @@ class RolloutSession:
             # version named here is the one that produces the step's tokens.
             run.step_weight_version = self.weights.spec.version if self.weights.spec else None
             if self.drafts is not None:  # queues the texts this engine lacks; never waits
-                self.drafts.before_step(run.task.id, name)
+                self.drafts.before_step(run.task.id, name, traj.id)
             reply = await client.generate(
                 traj.id,
                 messages=run.pending,

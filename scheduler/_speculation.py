@@ -18,9 +18,10 @@ Three decisions, shared by the simulator now and the live session and worker:
   group on one engine pays — the siblings' acceptance gain against the
   imbalance of whole groups per engine, both predicted (the closed form; the
   simulator judges it further, sim/_spec_plan.py).
-* **Seeding** (:func:`seed_pays`): whether inserting a sibling's or an earlier
-  iteration's text into an engine's suffix cache (``POST /v1/drafts``) saves
-  the engine more time than the insertion costs it.
+* **Seeding** (:func:`seed_pays`, asked through :func:`seed_text_pays` by the
+  simulator and the live session alike): whether inserting a sibling's or an
+  earlier iteration's text into an engine's suffix cache (``POST /v1/drafts``)
+  saves the engine more time than the insertion costs it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from heddle.exceptions import ConfigError
 
@@ -38,8 +40,10 @@ __all__ = [
     "ACCEPTANCE_PRESETS",
     "HEDDLE_SPECULATION",
     "METHODS",
+    "SEED_S_PER_TOKEN",
     "AcceptanceModel",
     "ColocationPlan",
+    "SeedQuery",
     "SpeculationConfig",
     "acceptance_model",
     "choose_k",
@@ -48,10 +52,15 @@ __all__ = [
     "k_by_batch_size",
     "plan_group_colocation",
     "seed_pays",
+    "seed_text_pays",
     "sensitivity_model",
 ]
 
 METHODS = ("off", "ngram", "suffix")
+# Inserting a text into arctic-inference's suffix cache (depth 24) cost 5.4 us per token,
+# measured here on 400,000 random tokens (docs/speculation.md, "Seeding"); the engine's
+# loop runs the insertion between steps, so the engine waits for it.
+SEED_S_PER_TOKEN: Final = 5.4e-6
 K_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8)
 
 
@@ -454,3 +463,62 @@ def seed_pays(
         * (1.0 / tokens_per_step_before - 1.0 / tokens_per_step_after)
     )
     return saved > margin * insert_tokens * seconds_per_inserted_token
+
+
+@dataclass(frozen=True)
+class SeedQuery:
+    """What one seeding decision reads: the engine now, the text, and the group there.
+
+    ``batch`` and ``context_tokens``: the engine's running requests and the KV they
+    hold; ``k``: the K it drafts with at that batch (0: not drafting); ``members``:
+    requests of the text's group running there, ``remaining_tokens`` their predicted
+    remaining output; ``siblings_held``: siblings whose text the engine's tree holds
+    now (served there or inserted, less the request itself), ``siblings_after`` with
+    this text; ``history_held`` / ``history_after``: earlier samples of the task it
+    holds before / after (0 for a sibling's text).
+    """
+
+    tp: int
+    batch: int
+    context_tokens: float
+    k: int
+    insert_tokens: float
+    members: int
+    remaining_tokens: float
+    siblings_held: int
+    siblings_after: int
+    history_held: int = 0
+    history_after: int = 0
+
+
+def seed_text_pays(
+    perf: PerfModel,
+    query: SeedQuery,
+    tokens_per_step: Callable[[int, int, int], float],
+    *,
+    seconds_per_inserted_token: float = SEED_S_PER_TOKEN,
+) -> bool:
+    """:func:`seed_pays` for one text, the acceptance before and after it read from
+    ``tokens_per_step(k, siblings, history)`` (the acceptance model at the output's
+    start). The one question the simulator's engines and the live session's drafts
+    feed ask before an insertion. The history credited before is at least the
+    siblings held plus one (stock vLLM keeps the earlier answers its routing put on
+    the engine, taken to be as many as this iteration's there)."""
+    if query.members <= 0 or query.k <= 0:
+        return False  # nothing there to help, or the engine does not draft at this batch
+    here = query.siblings_held
+    held = max(here + 1, query.history_held)
+    before = tokens_per_step(query.k, here, held)
+    after = tokens_per_step(query.k, query.siblings_after, max(held, query.history_after))
+    return seed_pays(
+        perf,
+        query.tp,
+        query.batch,
+        query.context_tokens,
+        insert_tokens=query.insert_tokens,
+        seconds_per_inserted_token=seconds_per_inserted_token,
+        remaining_tokens=query.remaining_tokens,
+        tokens_per_step_before=before,
+        tokens_per_step_after=after,
+        k=query.k,
+    )

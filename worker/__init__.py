@@ -12,7 +12,12 @@ with synthetic tokens, for scale tests and benchmarks without a model; the
 
 from ._app import WorkerState, create_app
 from ._auth import OPEN_PATHS, TOKEN_ENV, read_token
-from ._auto_speculation import AUTO_CONTEXT_TOKENS, auto_speculation, auto_table
+from ._auto_speculation import (
+    AUTO_ACCEPTANCE,
+    AUTO_CONTEXT_TOKENS,
+    auto_speculation,
+    auto_table,
+)
 from ._body_limit import MAX_BODY_BYTES
 from ._chat import TOOL_PARSERS, tool_schema_error
 from ._client import StepReply, WorkerClient, WorkerEndpoint
@@ -72,6 +77,7 @@ from ._weights_push import PushPlan, PushRequest, PushResult
 from ._weights_sender import changed_tensors, push_weights
 
 __all__ = [
+    "AUTO_ACCEPTANCE",
     "AUTO_CONTEXT_TOKENS",
     "DEFAULT_MAX_RESIDENT",
     "DEFAULT_RESIDENT_TTL_S",

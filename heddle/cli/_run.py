@@ -143,6 +143,17 @@ def _print_summary(s: dict[str, Any]) -> None:
             f"  scheduling: step-level baseline ({m['ordering']} order, {m['placement']} "
             f"routing, no predictor, no migration); shape {m['shape']} ({m['shape_source']})"
         )
+    d, c = s.get("drafts"), s.get("colocation")
+    if d is not None or c is not None:  # the speculation decisions (docs/speculation.md)
+        parts = []
+        if d is not None:
+            parts.append(
+                f"drafts sent {d['texts_sent']:,} texts, refused {d['texts_refused']:,} as not "
+                f"paying, {d['texts_failed']:,} in failed calls"
+            )
+        if c is not None:
+            parts.append(f"co-location of groups {c['reason']}")
+        print(f"  speculation: {'; '.join(parts)}")
     r = s.get("rewards")
     if r and r["scored"]:
         unscored = f" ({r['unscored']} unscored: see reward_error)" if r["unscored"] else ""

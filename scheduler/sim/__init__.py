@@ -18,9 +18,15 @@ from ._iterations import (
     iteration_policy,
     stream_of,
 )
-from ._plan import workload_sketch
+from ._plan import planner_cluster, workload_sketch
 from ._results import SimResult
-from ._simulator import PlannerCost, SimConfig, SimulatedShapePlanner, Simulator
+from ._simulator import (
+    PlannerCost,
+    SimConfig,
+    SimulatedShapePlanner,
+    Simulator,
+    judge_colocation,
+)
 from ._speculation import (
     EngineSpeculator,
     GroupStickyPlacement,
@@ -47,7 +53,9 @@ __all__ = [
     "TrainerModel",
     "heddle_speculation",
     "iteration_policy",
+    "judge_colocation",
     "lower_bound",
+    "planner_cluster",
     "stream_of",
     "workload_sketch",
 ]

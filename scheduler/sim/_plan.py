@@ -47,7 +47,13 @@ from .._shape import AnnealingShapePlanner, ShapeConfig, ShapePlan
 from .._types import FinishedTrajectory, PoolShape, check_tp_sizes, fits_nodes, node_sizes
 from .._workload import TrajectoryScript
 
-__all__ = ["ReplicaRun", "ReplicaShapePlanner", "replica_scale", "workload_sketch"]
+__all__ = [
+    "ReplicaRun",
+    "ReplicaShapePlanner",
+    "planner_cluster",
+    "replica_scale",
+    "workload_sketch",
+]
 
 _TOOL = "tool"
 
@@ -99,6 +105,24 @@ def workload_sketch(
             )
         )
     return scripts
+
+
+def planner_cluster(
+    perf: PerfModel, gpus: int, gpus_per_node: int, tensor_parallel_sizes: Sequence[int]
+) -> ClusterSpec:
+    """The cluster a planner's simulations run on: ``gpus`` GPUs whose engines ``perf``
+    models (the shape planner's replicas, the live session's co-location decision)."""
+    smallest = min(tensor_parallel_sizes)
+    return ClusterSpec(
+        name="shape-plan",
+        gpus=gpus,
+        gpus_per_node=gpus_per_node,
+        model="qwen3-8b",  # placeholders: the simulations run on ``perf``
+        hardware="h100-sxm",
+        tensor_parallel_sizes=tuple(tensor_parallel_sizes),
+        baseline_tp=smallest if gpus % smallest == 0 else 1,
+        batch_cap=perf.batch_cap,
+    )
 
 
 def replica_scale(
@@ -215,17 +239,7 @@ class ReplicaShapePlanner(ABC):
         return _Replica(scale, gpus // scale, [sketch[i] for i in kept])
 
     def _cluster(self, gpus: int) -> ClusterSpec:
-        smallest = min(self.allowed)
-        return ClusterSpec(
-            name="shape-plan",
-            gpus=gpus,
-            gpus_per_node=self.config.gpus_per_node,
-            model="qwen3-8b",  # placeholders: the mini-simulations run on ``perf``
-            hardware="h100-sxm",
-            tensor_parallel_sizes=self.allowed,
-            baseline_tp=smallest if gpus % smallest == 0 else 1,
-            batch_cap=self.perf.batch_cap,
-        )
+        return planner_cluster(self.perf, gpus, self.config.gpus_per_node, self.allowed)
 
     def _candidates(self, replica: _Replica, longest: int) -> list[PoolShape]:
         usable = [tp for tp in self.allowed if self.perf.kv_capacity_tokens(tp) >= longest]

@@ -41,7 +41,13 @@ from ._speculation import (
 )
 from ._view import LiveClusterView
 
-__all__ = ["PlannerCost", "SimConfig", "SimulatedShapePlanner", "Simulator"]
+__all__ = [
+    "PlannerCost",
+    "SimConfig",
+    "SimulatedShapePlanner",
+    "Simulator",
+    "judge_colocation",
+]
 
 _WAKE, _TOOL, _MIGRATED, _REPLAN, _ARRIVE, _PLANNED, _READY, _MERGED = range(8)
 _EVENT_NAMES = ("wake", "tool", "migrated", "replan", "arrive", "planned", "ready", "merged")
@@ -276,9 +282,8 @@ class Simulator:
         self, history: Sequence[FinishedTrajectory]
     ) -> tuple[PlacementPolicy, str]:
         """Keep GRPO groups whole only where a simulation of the pool under the routing
-        in effect, with speculation, says it pays (sim/_spec_plan.py)."""
-        spec, cluster = self.config.speculation, self.cluster
-        assert spec is not None
+        in effect, with speculation, says it pays (:func:`judge_colocation`)."""
+        assert self.config.speculation is not None
         for sim in self.sims.values():
             self._predict(sim)
         records = list(history) or [
@@ -290,36 +295,15 @@ class Simulator:
             )
             for s in self.sims.values()
         ]
-        means = [v for v in self.tool_means_s.values() if math.isfinite(v)]
-        scripts = workload_sketch(records, tool_latency_s=sum(means) / len(means) if means else 0)
-
-        def simulate(colocate: bool) -> float:
-            # The sketch under the routing in effect, with this run's speculation; never
-            # the run's own scripts (their lengths are not known to the session).
-            sim = Simulator(
-                scripts,
-                self.cluster,
-                get_policy(self.fallback_policy or self.policy.name),
-                tool_means_s={"tool": sum(means) / len(means) if means else 0.0},
-                shape=self.shape,
-                perf=self.perf,
-                config=replace(
-                    self.config,
-                    planner_cost=None,
-                    speculation=replace(spec, colocate_groups=False),
-                ),
-            )
-            if colocate:
-                sim.placement = GroupStickyPlacement()
-            return sim.run().makespan_s
-
-        placement, verdict = colocation_placement(
+        placement, verdict = judge_colocation(
             [s.traj for s in self.sims.values()],
-            list(self.engines.values()),
-            spec,
-            self.perf,
-            whole_pool=replica_scale(cluster.gpus, cluster.gpus_per_node, len(records)) == 1,
-            simulate=simulate,
+            records,
+            cluster=self.cluster,
+            policy=self.fallback_policy or self.policy.name,
+            shape=self.shape,
+            perf=self.perf,
+            config=self.config,
+            tool_means_s=self.tool_means_s,
         )
         return (placement if placement is not None else self.placement), verdict
 
@@ -652,6 +636,62 @@ class Simulator:
 
     def finish_times(self) -> list[float]:
         return [s.finish_s if s.finish_s is not None else math.nan for s in self.sims.values()]
+
+
+def judge_colocation(
+    trajectories: Sequence[Trajectory],
+    records: Sequence[FinishedTrajectory],
+    *,
+    cluster: ClusterSpec,
+    policy: str,
+    shape: PoolShape,
+    perf: PerfModel,
+    config: SimConfig,
+    tool_means_s: Mapping[str, float],
+) -> tuple[GroupStickyPlacement | None, str]:
+    """Heddle's co-location decision (:func:`decide_colocation`) for a run: the simulator's
+    Heddle runs and the live session (rollout/_colocation.py) both ask it here.
+
+    ``trajectories`` carry the predictor's remaining lengths; ``records`` the workload
+    sketch (the previous rollout, or the predictor's prior: never the run's true
+    lengths); ``policy`` the routing in effect (the planner's fallback, if it took one)
+    and ``config`` the run's (its in-flight cap and ``speculation``). A group-keeping
+    placement and the verdict, or None and why not.
+    """
+    spec = config.speculation
+    if spec is None or not spec.config.enabled:
+        return None, "off (no speculation)"
+    means = [v for v in tool_means_s.values() if math.isfinite(v)]
+    mean_s = sum(means) / len(means) if means else 0.0
+    scripts = workload_sketch(records, tool_latency_s=mean_s)
+
+    def simulate(colocate: bool) -> float:
+        # The sketch under the routing in effect, with this run's speculation; never
+        # the run's own scripts (their lengths are not known to the session).
+        sim = Simulator(
+            scripts,
+            cluster,
+            get_policy(policy),
+            tool_means_s={"tool": mean_s},
+            shape=shape,
+            perf=perf,
+            config=replace(
+                config, planner_cost=None, speculation=replace(spec, colocate_groups=False)
+            ),
+        )
+        if colocate:
+            sim.placement = GroupStickyPlacement()
+        return sim.run().makespan_s
+
+    return colocation_placement(
+        trajectories,
+        shape.num_instances,
+        shape.tps()[0],
+        spec,
+        perf,
+        whole_pool=replica_scale(cluster.gpus, cluster.gpus_per_node, len(records)) == 1,
+        simulate=simulate,
+    )
 
 
 class SimulatedShapePlanner(ReplicaShapePlanner):

@@ -25,10 +25,10 @@ routing it would replace, *with speculation*, on a simulation of the pool:
    routing in effect and Heddle's speculation, scattered and co-located;
    co-location is taken only if it finishes sooner by ``margin``.
 
-The live session and the simulator both call :func:`decide_colocation`; the
-simulation it needs is passed in (``simulate``; the simulator's is
-``Simulator.sketch_makespan``), so this module runs nothing itself and imports
-no simulator.
+The live session (rollout/_colocation.py) and the simulator both call
+:func:`decide_colocation` through ``judge_colocation`` (sim/_simulator.py), which
+passes in the simulation it needs (``simulate``), so this module runs nothing
+itself and imports no simulator.
 """
 
 from __future__ import annotations

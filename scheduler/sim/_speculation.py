@@ -25,21 +25,19 @@ from typing import Final
 from .._perf import PerfModel
 from .._placement import ClusterView, StickyPlacement
 from .._speculation import (
+    SEED_S_PER_TOKEN,
     AcceptanceModel,
+    SeedQuery,
     SpeculationConfig,
     choose_k,
     k_by_batch_size,
-    seed_pays,
+    seed_text_pays,
 )
 from .._types import Trajectory
 from .._workload import TrajectoryScript
 from ._entities import SimEngine, SimTrajectory
 from ._spec_plan import decide_colocation
 
-# Inserting a text into arctic-inference's suffix cache (depth 24) cost 5.4 us per token,
-# measured here on 400,000 random tokens (docs/speculation.md, "Seeding"); the engine's
-# loop runs the insertion between steps, so the engine waits for it.
-SEED_S_PER_TOKEN: Final = 5.4e-6
 # The worker keeps at most this many inserted texts per job and task
 # (worker/_drafts.py, MAX_DRAFT_TEXTS_PER_TASK; the scheduler cannot import the worker).
 MAX_SEEDED_PER_TASK: Final = 64
@@ -169,29 +167,36 @@ class EngineSpeculator:
         self, engine: SimEngine, group: str, insert_tokens: float, siblings: int, history: int
     ) -> bool:
         """Does inserting this text into ``engine`` pay for ``group``'s requests there
-        (:func:`seed_pays`, on the predictor's remaining lengths)?"""
-        members = [s for s in engine.running.values() if s.traj.group_id == group]
-        if not members:
-            return False
-        # At the K the engine drafts with now (0: not drafting at this batch, no gain).
-        k = self._last_k.get(engine.name, 0)
-        if k <= 0:
-            return False
-        here = self._siblings_here(engine, group, self._now)
-        had = self.spec.seed_history if group in self.seeded_history[engine.name] else 0
-        before = self._tokens_per_step(k, here, max(here + 1, had), 0.0)
-        after = self._tokens_per_step(k, siblings, max(here + 1, had, history), 0.0)
-        return seed_pays(
+        (:func:`seed_text_pays`, on the predictor's remaining lengths)?"""
+        return self.pays(self.seed_query(engine, group, insert_tokens, siblings, history))
+
+    def pays(self, query: SeedQuery) -> bool:
+        """The seeding question (:func:`seed_text_pays`) at this run's acceptance and cost."""
+        return seed_text_pays(
             self.perf,
-            engine.instance.tp,
-            len(engine.running),
-            engine.running_context,
-            insert_tokens=insert_tokens,
+            query,
+            lambda k, s, h: self._tokens_per_step(k, s, h, 0.0),
             seconds_per_inserted_token=self.spec.seed_s_per_token,
+        )
+
+    def seed_query(
+        self, engine: SimEngine, group: str, insert_tokens: float, siblings: int, history: int
+    ) -> SeedQuery:
+        """What the decision reads of ``engine`` now (the live feed builds the same)."""
+        members = [s for s in engine.running.values() if s.traj.group_id == group]
+        return SeedQuery(
+            tp=engine.instance.tp,
+            batch=len(engine.running),
+            context_tokens=engine.running_context,
+            # At the K the engine drafts with now (0: not drafting at this batch, no gain).
+            k=self._last_k.get(engine.name, 0),
+            insert_tokens=insert_tokens,
+            members=len(members),
             remaining_tokens=sum(max(0.0, s.traj.predicted_remaining_tokens) for s in members),
-            tokens_per_step_before=before,
-            tokens_per_step_after=after,
-            k=k,
+            siblings_held=self._siblings_here(engine, group, self._now),
+            siblings_after=siblings,
+            history_held=self.spec.seed_history if group in self.seeded_history[engine.name] else 0,
+            history_after=history,
         )
 
     def step_ended(self, engine: SimEngine, sim: SimTrajectory, now: float) -> None:
@@ -370,30 +375,31 @@ def attach(engines: Iterable[SimEngine], speculator: EngineSpeculator | None) ->
 
 
 def colocation_placement(
-    trajectories: list[Trajectory],
-    engines: list[SimEngine],
+    trajectories: Sequence[Trajectory],
+    engines: int,
+    tp: int,
     spec: SimSpeculation,
     perf: PerfModel,
     *,
     whole_pool: bool = False,
     simulate: Callable[[bool], float] | None = None,
 ) -> tuple[GroupStickyPlacement | None, str]:
-    """Heddle's decision (:func:`decide_colocation`) on the predictor's lengths: a
-    group-keeping placement and its verdict, or None and why not."""
+    """Heddle's decision (:func:`decide_colocation`) on the predictor's lengths, for a pool
+    of ``engines`` engines at TP ``tp``: a group-keeping placement and its verdict, or
+    None and why not."""
     groups: dict[str, list[float]] = defaultdict(list)
     for t in trajectories:
         groups[t.group_id].append(max(1.0, t.predicted_remaining_tokens))
     model, config = spec.acceptance, spec.config
     k = config.num_speculative_tokens or 4  # the decision's reference K for ``auto``
     size = max(len(v) for v in groups.values())
-    per_engine = max(1, len(engines))
+    per_engine = max(1, engines)
     scattered = max(0, round(size / per_engine) - 1)
     history = max(size if spec.seed_history else 0, 1)
     co = model.tokens_per_step(config.method, k, siblings=size - 1, history=max(size, history))
     sc = model.tokens_per_step(
         config.method, k, siblings=scattered, history=max(scattered + 1, history)
     )
-    tp = engines[0].instance.tp
     per_token = perf.instance("probe", tp).per_token_s
     decision = decide_colocation(
         groups,

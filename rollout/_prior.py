@@ -1,0 +1,71 @@
+"""What the session expects of a job before it runs: the predictor's prior as records.
+
+The shape planner (rollout/_run.py, ``plan_pool``) and the co-location decision
+(rollout/_colocation.py) both simulate this sketch when no earlier rollout is known,
+as the simulator's Heddle runs do with their own trajectories' predictions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from heddle.scheduler import (
+    Distribution,
+    FinishedTrajectory,
+    PredictorConfig,
+    Trajectory,
+    make_predictor,
+)
+
+from ._job import LocalJob
+
+__all__ = ["PriorSketch", "prior_sketch"]
+
+
+@dataclass(frozen=True)
+class PriorSketch:
+    """The job's trajectories as the predictor's prior sees them: ``records`` (bounded by
+    the job's own limits) and ``trajectories`` (with their predicted remaining lengths;
+    ``group_id`` the task); the tools' mean latency and reply length from the synthetic
+    workload when there is one."""
+
+    records: list[FinishedTrajectory]
+    trajectories: list[Trajectory]
+    tool_means_s: dict[str, float] = field(default_factory=dict)
+    tool_output_tokens: float = 128.0
+
+
+def prior_sketch(local: LocalJob, predictor: str) -> PriorSketch:
+    model = make_predictor(
+        predictor, PredictorConfig.for_budget(local.job.sampling.max_total_tokens)
+    )
+    records: list[FinishedTrajectory] = []
+    trajectories: list[Trajectory] = []
+    for i, task in enumerate(local.tasks.tasks):
+        prompt = max(1, sum(len(m["content"]) // 4 for m in task.messages))
+        for s in range(local.job.samples_per_task):
+            t = Trajectory(f"t{i}-{s}", f"t{i}", prompt)
+            prediction = model.update(t)
+            # The job's own limits bound what the prior predicts: a trajectory never
+            # generates more than maxTotalTokens nor runs more than maxTurns steps.
+            tokens = min(prediction.remaining_tokens, local.job.sampling.max_total_tokens)
+            turns = min(prediction.remaining_turns, local.job.max_turns)
+            t.predicted_remaining_tokens = tokens
+            t.predicted_remaining_turns = turns
+            trajectories.append(t)
+            records.append(
+                FinishedTrajectory(f"t{i}", prompt, max(1, round(tokens)), max(1, round(turns)))
+            )
+    tool_means: dict[str, float] = {}
+    reply_tokens = 128.0
+    if local.workload is not None and local.workload.tools:
+        tools = local.workload.tools
+        tool_means = {t.name: _dist_mean(t.latency_s) for t in tools}
+        reply_tokens = float(sum(_dist_mean(t.output_tokens) for t in tools) / len(tools))
+    return PriorSketch(records, trajectories, tool_means, reply_tokens)
+
+
+def _dist_mean(d: Distribution) -> float:
+    """Mean of a clipped log-normal, approximately (the unclipped mean, clipped)."""
+    return float(min(max(d.median * math.exp(0.5 * d.sigma**2), d.minimum), d.maximum))
