@@ -85,6 +85,7 @@ async def _one_run(
     config: SessionConfig,
     perf: PerfModel | None = None,
     max_in_flight: int | None = None,
+    speculation: Speculation | None = None,
 ) -> tuple[SessionResult, list[float], dict[str, float]]:
     env = SyntheticEnvironment(
         workload, len(tasks), samples, seed=seed, tool_time_scale=tool_time_scale
@@ -119,6 +120,9 @@ async def _one_run(
         environment=env,
         config=config,
         metrics=SessionMetrics(),
+        # What the workers run: with suffix or auto the session feeds their drafting
+        # corpus and takes the co-location decision, as heddle run does on such a pool.
+        speculation=speculation,
     )
     started = time.time()
     result = await session.run()
@@ -263,6 +267,7 @@ def bench_engines(
             max_total_tokens=workload.max_output_tokens,
             config=SessionConfig(replan_interval_s=1.0),
             perf=perf,
+            speculation=options.speculation,
         )
         progress(
             f"warm-up: {len(warm_tasks)} of {len(tasks)} tasks under {policies[0]}, unrecorded"
@@ -289,6 +294,7 @@ def bench_engines(
                     max_total_tokens=workload.max_output_tokens,
                     config=SessionConfig(replan_interval_s=1.0),
                     perf=perf,
+                    speculation=options.speculation,
                 )
                 p = result.progress
                 # The session's CPU and the machine's load: on a CPU testbed the session
