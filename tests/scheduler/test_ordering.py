@@ -5,16 +5,11 @@ from __future__ import annotations
 from heddle.scheduler import (
     FCFSOrdering,
     ProgressivePriority,
-    Trajectory,
     engine_priority,
     pick_preemption,
 )
 
-
-def make(tid: str, remaining: float, ready: float = 0.0) -> Trajectory:
-    t = Trajectory(tid, "g", 10, ready_s=ready)
-    t.predicted_remaining_tokens = remaining
-    return t
+from ._trajectories import make
 
 
 def test_progressive_priority_runs_the_longest_remaining_first_and_rereanks() -> None:

@@ -6,7 +6,6 @@ from heddle.scheduler import (
     VERSION_AGE_STEP,
     FCFSOrdering,
     ProgressivePriority,
-    Trajectory,
     VersionAgedOrdering,
     aged_priority,
     engine_priority,
@@ -16,11 +15,7 @@ from heddle.scheduler import (
     version_age,
 )
 
-
-def make(tid: str, remaining: float, ready: float = 0.0) -> Trajectory:
-    t = Trajectory(tid, "g", 10, ready_s=ready)
-    t.predicted_remaining_tokens = remaining
-    return t
+from ._trajectories import make
 
 
 def test_age_counts_pushes_since_the_first_token_and_nothing_before_it() -> None:
