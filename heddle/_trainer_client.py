@@ -35,6 +35,7 @@ class TrainerClient:
     def __init__(self, url: str, *, token: str, poll_s: float = 30.0) -> None:
         self.url = url.rstrip("/")
         self.poll_s = poll_s
+        self.ended = False  # an answer said nothing more comes
         self._http = httpx.AsyncClient(
             base_url=self.url,
             headers={"Authorization": f"Bearer {token}"},
@@ -122,19 +123,21 @@ class TrainerClient:
     async def next_group(self) -> dict[str, Any] | None:
         """The next complete group (task_id, records by sample, completed, staleness); None
         once the stream has ended."""
-        while True:
-            body = await self._call("GET", "/v1/groups/next", params={"timeout_s": self.poll_s})
-            if body["group"] is not None or body["end"]:
-                group: dict[str, Any] | None = body["group"]
-                return group
+        return await self._next("/v1/groups/next", "group")
 
     async def next_batch(self) -> dict[str, Any] | None:
         """The next iteration's groups (iteration, weight_version, groups, last); None: ended."""
-        while True:
-            body = await self._call("GET", "/v1/batches/next", params={"timeout_s": self.poll_s})
-            if body["batch"] is not None or body["end"]:
-                batch: dict[str, Any] | None = body["batch"]
-                return batch
+        return await self._next("/v1/batches/next", "batch")
+
+    async def _next(self, path: str, key: str) -> dict[str, Any] | None:
+        # Once an answer said the end, ask no more: the session may have stopped serving.
+        while not self.ended:
+            body = await self._call("GET", path, params={"timeout_s": self.poll_s})
+            self.ended = bool(body["end"])
+            if body[key] is not None:
+                item: dict[str, Any] = body[key]
+                return item
+        return None
 
     async def groups(self) -> AsyncIterator[dict[str, Any]]:
         while (group := await self.next_group()) is not None:

@@ -55,7 +55,7 @@ from ._seed_gate import SeedGate
 from ._session import RolloutSession, SessionConfig, SessionResult
 from ._tasks import TaskSet, read_tasks
 from ._tools import ToolsEnvironment
-from ._trainer_api import TrainerServer
+from ._trainer_api import END_LINGER_S, TrainerServer
 
 __all__ = [
     "GATEWAY_TOKEN_ENV",
@@ -456,8 +456,10 @@ async def run_local(
         session_ended = True
     finally:
         sink.close()  # the session closed it already unless it never ran
-        if trainer_api is not None:
-            await asyncio.shield(trainer_api.stop())
+        if trainer_api is not None:  # after a clean end, until the trainer heard it
+            linger_s = END_LINGER_S if session_ended else 0.0
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(trainer_api.stop(linger_s))
             trainer_file(local.output).unlink(missing_ok=True)
         if served is not None:
             with contextlib.suppress(asyncio.CancelledError):

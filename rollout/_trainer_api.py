@@ -4,8 +4,9 @@ Routes (docs/async.md, "Streaming groups"), every one but ``/healthz`` behind a
 bearer token:
 
 - ``GET /v1/groups/next?timeout_s=30``: the next complete GRPO group in
-  completion order, each whole (``{"group": ..., "end": false}``), or
-  ``{"group": null, "end": ...}`` when none came in time (``end``: none will).
+  completion order, each whole (``{"group": ..., "end": ...}``), or
+  ``{"group": null, ...}`` when none came in time. ``end``: nothing comes after
+  this answer (also on the final group), so a trainer stops asking.
 - ``GET /v1/batches/next?timeout_s=30``: the next iteration's
   ``spec.asynchrony.groupsPerIteration`` groups (``{"batch": ..., "end": ...}``).
 - ``POST /v1/weights`` ``{"path", "version"}``: push new weights under the
@@ -22,6 +23,7 @@ the session's process, served like the gateway.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 from typing import Any
@@ -38,19 +40,33 @@ from heddle.exceptions import ConfigError, HeddleError
 from ._gateway import _Server, serve_bound, stop_served
 from ._session import RolloutSession
 
-__all__ = ["TRAINER_TOKEN_ENV", "TrainerServer", "create_trainer_app"]
+__all__ = ["END_LINGER_S", "TRAINER_TOKEN_ENV", "TrainerServer", "create_trainer_app"]
 
 TRAINER_TOKEN_ENV = "HEDDLE_TRAINER_TOKEN"  # the session pod's trainer API token (a Secret's)
 MAX_WAIT_S = 300.0  # one long poll at most; the client asks again
+# Served on after the session ends until a trainer was told so: one that is busy
+# training on its last batch would otherwise find the port closed and take that
+# for a failure. Bounded, for a trainer that died.
+END_LINGER_S = 60.0
 
 
 def _refuse(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "status": status}}, status_code=status)
 
 
-def create_trainer_app(session: RolloutSession, token: str) -> Starlette:
-    """The trainer's ASGI app over ``session``'s group stream."""
+def create_trainer_app(
+    session: RolloutSession, token: str, told_end: asyncio.Event | None = None
+) -> Starlette:
+    """The trainer's ASGI app over ``session``'s group stream (``told_end``: set once an
+    answer said nothing more comes)."""
     stream = session.groups
+    told = told_end if told_end is not None else asyncio.Event()
+
+    def ended() -> bool:
+        if stream.ended:
+            told.set()
+            return True
+        return False
 
     def authorised(request: Request) -> bool:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
@@ -81,12 +97,12 @@ def create_trainer_app(session: RolloutSession, token: str) -> Starlette:
     async def next_group(request: Request) -> Response:
         group = await stream.next_group(wait_of(request))
         body = None if group is None else group.as_json()
-        return JSONResponse({"group": body, "end": group is None and stream.ended})
+        return JSONResponse({"group": body, "end": ended()})
 
     async def next_batch(request: Request) -> Response:
         batch = await stream.next_batch(wait_of(request))
         body = None if batch is None else batch.as_json()
-        return JSONResponse({"batch": body, "end": batch is None and stream.ended})
+        return JSONResponse({"batch": body, "end": ended()})
 
     async def weights(request: Request) -> Response:
         try:
@@ -147,8 +163,9 @@ class TrainerServer:
         self.session = session
         self.token = token or secrets.token_urlsafe(24)
         self.host, self.port = host, port
+        self.told_end = asyncio.Event()
         config = uvicorn.Config(
-            create_trainer_app(session, self.token),
+            create_trainer_app(session, self.token, self.told_end),
             host=host,
             port=port,
             log_level="warning",
@@ -170,6 +187,11 @@ class TrainerServer:
         )
         return self.url
 
-    async def stop(self) -> None:
+    async def stop(self, linger_s: float = 0.0) -> None:
+        """Stop serving; with ``linger_s``, first until a trainer was told the stream ended
+        (at most that long)."""
+        if linger_s > 0 and self._task is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.told_end.wait(), linger_s)
         task, self._task = self._task, None
         await stop_served(self._server, task)

@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -165,12 +166,10 @@ def test_over_sample_needs_a_quota_and_both_are_parsed() -> None:
         RolloutJobSpec.from_manifest(_with(JOB, "spec.asynchrony", {"groupsPerIteration": 0}))
 
 
-def test_heddle_run_serves_the_trainer_api(tmp_path: Path) -> None:
-    """`heddle run --trainer-port 0`: a trainer in another process takes the batches."""
+def _serve_run(tmp_path: Path) -> tuple[Any, str, str]:
+    """`heddle run --trainer-port 0` on sim workers in another process: (proc, url, token)."""
     import subprocess
     import sys
-
-    from heddle.client import TrainerClient
 
     synthetic = Path(__file__).resolve().parents[2] / "examples" / "synthetic"
     (tmp_path / "job.yaml").write_text(
@@ -185,24 +184,65 @@ def test_heddle_run_serves_the_trainer_api(tmp_path: Path) -> None:
            str(synthetic / "pool.yaml"), "--engine", "sim", "--time-scale", "0.05", "--quiet",
            "--trainer-port", "0"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline(), proc.stdout.readline()]
+    if not lines[0].startswith("trainer API: "):
+        proc.kill()
+        raise AssertionError([*lines, proc.communicate()[1][-2000:]])
+    url, token = lines[0].split()[2], lines[1].split()[2]
+    info = json.loads((tmp_path / "out.jsonl.trainer.json").read_text())
+    assert info["url"] == url and info["token"] == token
+    return proc, url, token
+
+
+def test_heddle_run_serves_the_trainer_api(tmp_path: Path) -> None:
+    """`heddle run --trainer-port 0`: a trainer in another process takes the batches, and
+    the answer with the last one says the end, so the client asks no more."""
+    from heddle.client import TrainerClient
+
+    proc, url, token = _serve_run(tmp_path)
     try:
-        assert proc.stdout is not None
-        lines = [proc.stdout.readline(), proc.stdout.readline()]
-        assert lines[0].startswith("trainer API: "), [*lines, proc.stderr.read()[-2000:]]
-        url, token = lines[0].split()[2], lines[1].split()[2]
-        info = json.loads((tmp_path / "out.jsonl.trainer.json").read_text())
-        assert info["url"] == url and info["token"] == token
 
-        async def take() -> list[dict]:
+        async def take() -> tuple[list[dict], bool]:
             async with TrainerClient(url, token=token, poll_s=5.0) as client:
-                return [batch async for batch in client.batches()]
+                got = [batch async for batch in client.batches()]
+                return got, client.ended
 
-        batches = asyncio.run(take())
+        batches, ended = asyncio.run(take())
         assert proc.wait(timeout=120) == 0
     finally:
         proc.kill()
-    assert [len(b["groups"]) for b in batches] == [4, 4, 4, 4] and batches[-1]["last"]
+    assert [len(b["groups"]) for b in batches] == [4, 4, 4, 4] and batches[-1]["last"] and ended
     records = read_records(tmp_path / "out.jsonl")
     taken = [g["task_id"] for b in batches for g in b["groups"]]
     assert [r["task_id"] for r in records] == [t for t in taken for _ in range(2)]
     assert not (tmp_path / "out.jsonl.trainer.json").exists()
+
+
+def test_the_trainer_api_serves_on_until_a_trainer_heard_the_end(tmp_path: Path) -> None:
+    """A trainer that released the stream and is still training when the run ends finds the
+    API answering `end` (not a closed port); nothing it did not take is lost."""
+    from heddle.client import TrainerClient
+
+    proc, url, token = _serve_run(tmp_path)
+    try:
+
+        async def take() -> tuple[dict | None, dict | None]:
+            async with TrainerClient(url, token=token, poll_s=5.0) as client:
+                first = await client.next_batch()
+                await client.release()  # the rest is written as it completes
+                while not (await client.state())["closed"]:  # "training" past the run's end
+                    await asyncio.sleep(0.1)
+                await asyncio.sleep(0.5)
+                return first, await client.next_batch()
+
+        first, after = asyncio.run(take())
+        assert proc.wait(timeout=120) == 0
+    finally:
+        proc.kill()
+    assert first is not None and len(first["groups"]) == 4 and after is None
+    records = read_records(tmp_path / "out.jsonl")
+    keys = [(r["task_id"], r["sample"]) for r in records]
+    assert len(keys) == 16 * 2 == len(set(keys))
+    taken = [g["task_id"] for g in first["groups"] for _ in range(2)]
+    assert [r["task_id"] for r in records[:8]] == taken
