@@ -1,10 +1,18 @@
-"""Finished GRPO groups for a trainer, in completion order; the quota and the carry-over.
+"""Finished GRPO groups for a trainer, oldest version first; the quota and the carry-over.
 
 The session hands every finished trajectory to a :class:`GroupStream`. A group
 (all of a task's samples in this session) is *complete* once every member has
-finished, and a trainer takes complete groups one by one in the order they
-completed (:meth:`GroupStream.next_group`), or a quota of them at a time
+finished, and a trainer takes complete groups one by one
+(:meth:`GroupStream.next_group`), or a quota of them at a time
 (:meth:`GroupStream.next_batch`: one RL iteration, ``spec.asynchrony.groupsPerIteration``).
+
+**The take order.** Under a policy with ``version_age`` (``heddle``) the trainer
+takes, of the complete groups it has not taken, those whose oldest step ran on the
+oldest weight version first, completion order among equals: heddle.scheduler's
+``take_oldest``, the decision the simulator's ``heddle`` iteration policy takes. The
+baselines (``verl``, ``slime``, ...) take in completion order, as their trainers do.
+A batch's groups are in take order; each group's ``completed`` still says its place
+in completion order.
 
 With a quota the stream holds each finished record until its group is taken and
 writes it to the output then, so the output holds what the trainer trained on,
@@ -30,7 +38,7 @@ its first step's version) and whether a push dropped its KV
 
 Without a quota nothing is held: records are written as they finish, and a
 trainer that asked for the stream (:meth:`GroupStream.follow`) still gets each
-group once whole, in completion order.
+group once whole, in the same take order.
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ from typing import Any, Protocol
 
 from heddle.api import AsynchronySpec
 from heddle.exceptions import ConfigError
-from heddle.scheduler import kv_voided, version_age
+from heddle.scheduler import kv_voided, take_oldest, version_age
 
 from ._output_record import OutputRecord
 
@@ -80,7 +88,7 @@ class FinishedGroup:
 
 @dataclass(frozen=True)
 class Batch:
-    """One iteration's groups: the quota, in completion order (``last``: the task set ran out)."""
+    """One iteration's groups: the quota, in take order (``last``: the task set ran out)."""
 
     iteration: int  # 0-based
     weight_version: str | None  # the newest version pushed when the trainer took it
@@ -156,6 +164,7 @@ class GroupStream:
         place: Callable[[str | None], int | None],
         pushes: Callable[[], int],
         version: Callable[[], str | None],
+        oldest_first: bool = False,
     ) -> None:
         # Groups are known once the session has read its output (resumed samples are not
         # members): begin() gives them; until then a trainer's takes wait.
@@ -166,6 +175,7 @@ class GroupStream:
         self.window = math.ceil(self.quota * (1.0 + over)) if self.quota else None
         self._write, self._drop = write, drop
         self._place, self._pushes, self._version = place, pushes, version
+        self.oldest_first = oldest_first  # the take order (module docstring)
         self._groups: dict[int, _Group] = {}
         self._place_of: dict[int, int] = {}
         self._admitted = 0
@@ -297,7 +307,7 @@ class GroupStream:
 
     # -- the trainer's side ---------------------------------------------------------------
     async def next_group(self, timeout_s: float | None = None) -> FinishedGroup | None:
-        """The next complete group in completion order; None at the end (or the timeout)."""
+        """The next complete group in take order; None at the end (or the timeout)."""
         self.followed = True
         loop = asyncio.get_running_loop()
         until = None if timeout_s is None else loop.time() + timeout_s
@@ -311,7 +321,7 @@ class GroupStream:
                 await asyncio.wait_for(self._wait_change(), left)
             except TimeoutError:
                 return None
-        return self._take(self._complete[0])
+        return self._take(self._take_order(1)[0])
 
     async def next_batch(self, timeout_s: float | None = None) -> Batch | None:
         """The next ``groupsPerIteration`` groups (fewer, ``last``, when the tasks run out).
@@ -340,7 +350,7 @@ class GroupStream:
                 await asyncio.wait_for(self._wait_change(), left)
             except TimeoutError:
                 return None
-        groups = tuple(self._take(self._complete[0]) for _ in range(want))
+        groups = tuple(self._take(index) for index in self._take_order(want))
         batch = Batch(self._iteration, self._version(), groups, self._taken == len(self._groups))
         self._iteration += 1
         return batch
@@ -366,6 +376,22 @@ class GroupStream:
         return length_report(self.trained_tokens, self.started_tokens)
 
     # -- internals ------------------------------------------------------------------------
+    def _take_order(self, n: int) -> list[int]:
+        """The ``n`` complete groups (task indices) the trainer takes next, in take order."""
+        if not self.oldest_first:
+            return self._complete[:n]
+        places = [self._version_place(index) for index in self._complete]
+        return [self._complete[k] for k in take_oldest(places, n)]
+
+    def _version_place(self, task_index: int) -> int:
+        """The place of the oldest weight version among the group's steps (as staleness
+        counts it); the version served now for a group with no known version."""
+        group = self._groups[task_index]
+        versions = [s[0] for run in group.held.values() for s in run.segments]
+        versions += [s["weight_version"] for r in group.records.values() for s in r["segments"]]
+        places = [p for p in map(self._place, versions) if p is not None]
+        return min(places, default=self._pushes())
+
     def _take(self, index: int) -> FinishedGroup:
         group = self._groups[index]
         self._complete.remove(index)

@@ -165,6 +165,7 @@ class RolloutSession(SessionLoop, SessionReplan, SessionProgress):
             place=lambda version: None if version is None else self._version_index.get(version),
             pushes=lambda: self._pushes,
             version=lambda: self.weights.spec.version if self.weights.spec else None,
+            oldest_first=self.policy.version_age,  # the trainer's take (heddle.scheduler)
         )
         if self.policy.version_age:  # oldest weight version first (heddle.scheduler._versions)
             self.ordering = VersionAgedOrdering(

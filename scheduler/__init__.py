@@ -144,6 +144,7 @@ from ._versions import (
     VersionAgedOrdering,
     aged_priority,
     kv_voided,
+    take_oldest,
     unpinned,
     version_age,
 )
@@ -277,6 +278,7 @@ __all__ = [
     "solve_lengths",
     "synthetic_bench",
     "tail_recall",
+    "take_oldest",
     "tokens_per_step",
     "trace_bench",
     "unpinned",

@@ -16,11 +16,16 @@ session take two decisions from it, both here:
   whose KV was computed under an older version than the one served now has
   nothing left to stay for: its next step is routed as a new trajectory's
   (the plan's instance, or the least loaded) instead of pinned to its old engine.
+
+The trainer's take follows from the same age (:func:`take_oldest`): of the finished
+groups it has not taken, it takes those of the oldest version first, completion
+order among equals. The simulator's ``heddle`` iteration policy and the live
+session's ``GroupStream`` both decide with it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ._ordering import OrderingPolicy
 from ._types import Trajectory
@@ -30,6 +35,7 @@ __all__ = [
     "VersionAgedOrdering",
     "aged_priority",
     "kv_voided",
+    "take_oldest",
     "unpinned",
     "version_age",
 ]
@@ -74,3 +80,17 @@ def unpinned(instance: str | None, kv_version: int | None, now: int) -> str | No
     """The instance a trajectory is pinned to for its next step: ``None`` (route it as
     new) when a load voided its KV there, else ``instance``."""
     return None if kv_voided(kv_version, now) else instance
+
+
+def take_oldest(versions: Sequence[int], n: int) -> list[int]:
+    """Which ``n`` finished groups a trainer takes, and in what order: oldest version first.
+
+    ``versions`` holds, for each finished and untaken group in completion order, the place
+    (in the order of pushes: lower is older) of the oldest weight version among its
+    members' steps. Returns positions into ``versions`` in take order: the lowest place
+    first, completion order among equals (a stable sort); all of them when ``n`` is larger.
+    Why oldest first: those groups are the nearest the staleness bound, so trained now they
+    train inside it, and a long group that finished late is not passed over for short
+    fresh ones (that would bias the batch toward short outputs; docs/async.md).
+    """
+    return sorted(range(len(versions)), key=versions.__getitem__)[: max(0, n)]

@@ -42,7 +42,7 @@ from .._cluster import ClusterSpec
 from .._perf import ModelSpec
 from .._policies import get_policy
 from .._types import PoolShape, Trajectory, TrajectoryState
-from .._versions import VersionAgedOrdering, unpinned, version_age
+from .._versions import VersionAgedOrdering, take_oldest, unpinned, version_age
 from .._workload import TrajectoryScript
 from ._entities import SimEngine, SimTrajectory, drop_caches, interrupt_engine, requeue
 from ._simulator import _MERGED, _MIGRATED, _PLANNED, _REPLAN, SimConfig, Simulator
@@ -413,9 +413,12 @@ class IterationSimulator(Simulator):
     # -- the trainer -------------------------------------------------------------------
     def _take(self, groups: int) -> list[int]:
         if self.iter_policy.age_priority:  # the oldest finished groups first (bound-safe)
-            ordered = sorted(self.buffer, key=self._group_version)
-            batch, rest = ordered[:groups], set(ordered[groups:])
-            self.buffer = deque(g for g in self.buffer if g in rest)
+            # The live session's take too (rollout/_groups.py): one decision, take_oldest.
+            finished = list(self.buffer)
+            picks = take_oldest([self._group_version(g) for g in finished], groups)
+            batch = [finished[k] for k in picks]
+            taken = set(batch)
+            self.buffer = deque(g for g in finished if g not in taken)
         else:
             batch = [self.buffer.popleft() for _ in range(groups)]
         self.trained_groups += [(g, self.trained_versions) for g in batch]

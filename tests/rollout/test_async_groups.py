@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from heddle.api import AsynchronySpec, WeightsSpec
-from heddle.rollout import Batch
+from heddle.rollout import Batch, SyntheticEnvironment
+from heddle.scheduler import TrajectoryScript
 from heddle.worker import WorkerEndpoint
 
 from .._rollout_fixtures import read_records, start_pool
@@ -101,6 +102,73 @@ def test_quota_batches_carry_the_tail_over_within_the_bound(
     assert running_at_take[0] >= 1
     report = session.groups.lengths()
     assert report.trained == report.started == 12
+
+
+def _scripted(env: SyntheticEnvironment, long_tasks: set[int], samples: int) -> None:
+    """Give ``env`` one-turn tasks, and three tool gaps of 0.4 s for ``long_tasks``: those
+    finish over a second after the short ones however the engines batch (the waits are real)."""
+    scripts = []
+    for i in range(len(env.scripts) // samples):
+        turns = 4 if i in long_tasks else 1
+        for s in range(samples):
+            scripts.append(
+                TrajectoryScript(
+                    f"p{i}-{s}", f"p{i}", s, 16, (4,) * (turns - 1) + (24,),
+                    ("sandbox",) * (turns - 1), (0.4,) * (turns - 1), (8,) * (turns - 1),
+                )
+            )
+    env.scripts = scripts
+
+
+@pytest.mark.parametrize("policy", ["heddle", "verl"])
+def test_heddle_takes_the_oldest_version_first_and_baselines_in_completion_order(
+    pool: tuple[Path, list[WorkerEndpoint]], policy: str
+) -> None:
+    """A group begun on version 0 finishes after two begun on version 1; the next batch
+    takes it first under ``heddle`` (heddle.scheduler.take_oldest, the simulator's take),
+    and the two fresh ones, in completion order, under ``verl``."""
+    tmp_path, workers = pool
+    versions = [WeightsSpec(fake_checkpoint(tmp_path / f"o-{policy}{n}"), str(n)) for n in range(2)]
+    tasks, env = _synthetic(5, 2, tool_scale=1.0)
+    assert isinstance(env, SyntheticEnvironment)
+    _scripted(env, {0}, 2)
+    out = tmp_path / f"oldest-{policy}.jsonl"
+    spec = AsynchronySpec(max_staleness_versions=1, groups_per_iteration=2, over_sample=0.5)
+    session = _session(
+        workers, out, tasks, env, 2, weights=versions[0], asynchrony=spec, policy=policy
+    )
+    batches: list[Batch] = []
+
+    async def trainer() -> None:
+        run = asyncio.create_task(session.run())
+        # Tasks 0-2 start (the window: ceil(2 x 1.5)); 1 and 2, one turn each, are the batch.
+        batches.append(await session.groups.next_batch())
+        while not any(r.segments for r in session.runs.values() if r.task_index == 0):
+            await asyncio.sleep(0.01)  # task 0's first step ran on version 0
+        # Taking admitted tasks 3 and 4: their first steps run on version 1.
+        session.push_weights(versions[1])
+        while session.groups.state()["complete"] < 3:  # 0, 3 and 4 all finished
+            await asyncio.sleep(0.01)
+        while (batch := await session.groups.next_batch()) is not None:
+            batches.append(batch)
+        await run
+
+    asyncio.run(trainer())
+    taken = [[g.task_index for g in b.groups] for b in batches]
+    completed = {g.task_index: g.completed for b in batches for g in b.groups}
+    assert sorted(taken[0]) == [1, 2]
+    # The old group finished after both new ones (else this test shows nothing).
+    assert completed[0] > max(completed[3], completed[4])
+    first_new, second_new = sorted((3, 4), key=completed.__getitem__)
+    if policy == "heddle":
+        assert taken[1:] == [[0, first_new], [second_new]]
+    else:
+        assert taken[1:] == [[first_new, second_new], [0]]
+    staleness = {g.task_index: g.staleness for b in batches for g in b.groups}
+    assert staleness[0] == 1 and staleness[3] == staleness[4] == 0
+    # The output holds what the trainer took, in the order it took it.
+    order = [t for batch in taken for t in batch]
+    assert [r["task_id"] for r in read_records(out)] == [tasks[t].id for t in order for _ in "ab"]
 
 
 def test_the_example_streams_batches_over_http_and_pushes_between_them(tmp_path: Path) -> None:

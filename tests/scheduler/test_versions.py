@@ -1,4 +1,4 @@
-"""Weight-version age in priority and placement (scheduler/_versions.py)."""
+"""Weight-version age in priority, placement and the trainer's take (scheduler/_versions.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from heddle.scheduler import (
     engine_priority,
     get_policy,
     kv_voided,
+    take_oldest,
     unpinned,
     version_age,
 )
@@ -65,3 +66,14 @@ def test_a_load_unpins_only_contexts_whose_kv_came_from_older_weights() -> None:
 def test_heddle_is_the_policy_that_ages() -> None:
     assert get_policy("heddle").version_age
     assert not any(get_policy(n).version_age for n in ("verl", "verl-star", "slime", "fcfs"))
+
+
+def test_the_take_is_oldest_version_first_and_completion_order_among_equals() -> None:
+    # Groups in completion order with their oldest version's place (lower is older).
+    versions = [2, 0, 1, 0, 2, 1]
+    assert take_oldest(versions, 3) == [1, 3, 2]  # both place-0 groups, as they completed
+    assert take_oldest(versions, 6) == [1, 3, 2, 5, 0, 4]
+    assert take_oldest(versions, 10) == [1, 3, 2, 5, 0, 4]  # n past what finished: all
+    assert take_oldest(versions, 0) == [] and take_oldest([], 2) == []
+    # One version throughout (a job without pushes): completion order exactly.
+    assert take_oldest([3, 3, 3, 3], 3) == [0, 1, 2]
