@@ -3,12 +3,14 @@
 Routes (docs/async.md, "Streaming groups"), every one but ``/healthz`` behind a
 bearer token:
 
-- ``GET /v1/groups/next?timeout_s=30``: the next complete GRPO group in
-  completion order, each whole (``{"group": ..., "end": ...}``), or
+- ``GET /v1/groups/next?timeout_s=30``: the next complete GRPO group in take
+  order (under ``heddle`` the oldest weight version first, completion order among
+  equals; the baselines: completion order), each whole (``{"group": ..., "end": ...}``), or
   ``{"group": null, ...}`` when none came in time. ``end``: nothing comes after
   this answer (also on the final group), so a trainer stops asking.
 - ``GET /v1/batches/next?timeout_s=30``: the next iteration's
-  ``spec.asynchrony.groupsPerIteration`` groups (``{"batch": ..., "end": ...}``).
+  ``spec.asynchrony.groupsPerIteration`` groups in the same take order
+  (``{"batch": ..., "end": ...}``).
 - ``POST /v1/weights`` ``{"path", "version"}``: push new weights under the
   running rollout (``RolloutSession.push_weights``).
 - ``POST /v1/release``: the trainer takes no more; the rest is written as it completes.

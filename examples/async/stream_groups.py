@@ -8,7 +8,7 @@ One rollout spans three RL iterations. The job sets ``spec.asynchrony``:
 ``overSample`` (groups started beyond it) and ``maxStalenessVersions``. The
 session serves its trainer API (``TrainerServer``); the trainer, with
 ``heddle.client.TrainerClient``, takes each batch as soon as its groups have
-finished, in completion order, "trains" on it (a stand-in: it sleeps) and
+finished (the oldest weight version first), "trains" on it (a stand-in: it sleeps) and
 pushes the next weights version over HTTP, while the rollout keeps running:
 groups that did not make the batch carry over and go on under the new weights.
 Versions 1 and 2 are the starting weights under new labels (folders of links

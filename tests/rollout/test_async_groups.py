@@ -113,8 +113,14 @@ def _scripted(env: SyntheticEnvironment, long_tasks: set[int], samples: int) -> 
         for s in range(samples):
             scripts.append(
                 TrajectoryScript(
-                    f"p{i}-{s}", f"p{i}", s, 16, (4,) * (turns - 1) + (24,),
-                    ("sandbox",) * (turns - 1), (0.4,) * (turns - 1), (8,) * (turns - 1),
+                    f"p{i}-{s}",
+                    f"p{i}",
+                    s,
+                    16,
+                    (4,) * (turns - 1) + (24,),
+                    ("sandbox",) * (turns - 1),
+                    (0.4,) * (turns - 1),
+                    (8,) * (turns - 1),
                 )
             )
     env.scripts = scripts
