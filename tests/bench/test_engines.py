@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,42 @@ def test_a_capped_baseline_runs_beside_heddle_on_the_same_sim_workers(tmp_path: 
     # The tail per policy, and the workers' speculation (off: no draft counts).
     assert result["policies"]["verl@1"]["median_longest_wall_s"] == row["longest_wall_s"]
     assert result["speculation"]["method"] == "off" and "drafted_tokens" not in row
+
+
+def test_the_warm_up_runs_the_measured_workload_so_every_run_finds_the_same_cache(
+    tmp_path: Path,
+) -> None:
+    """vLLM's prefix cache outlives a run: each measured run finds the texts of the run
+    before it. The warm-up is that run for the first one: the same tasks, samples and
+    seed, so the same prompts and the same scripted turns (a warm-up on other tasks left
+    the first policy alone to prefill its prompts cold: docs/speculation.md)."""
+    workload = dataclasses.replace(load_workload("quickstart"), prompts=3)
+    options = LocalWorkerOptions(
+        engine="sim", time_scale=0.0, max_model_len=1 << 20, log_dir=tmp_path / "logs"
+    )
+    bench_engines(
+        workload=workload,
+        policies=["verl"],
+        options=options,
+        tps=[1, 1],
+        samples=workload.samples_per_prompt,
+        rounds=1,
+        seed=3,
+        tool_time_scale=0.0,
+        out=tmp_path,
+        progress=lambda _: None,
+    )
+
+    def shape(name: str) -> dict[tuple[str, int], tuple[list[int], list[int]]]:
+        rows = [json.loads(line) for line in (tmp_path / "runs" / name).read_text().splitlines()]
+        return {
+            (r["task_id"], r["sample"]): (r["prompt_token_ids"], r["trace"]["turn_tokens"])
+            for r in rows
+        }
+
+    measured = shape("verl-r0.jsonl")
+    assert len(measured) == 3 * workload.samples_per_prompt
+    assert shape("warmup.jsonl") == measured
 
 
 def test_the_workers_speculation_is_one_setting_for_every_policy() -> None:
