@@ -61,6 +61,7 @@ def test_bench_refuses_a_speculation_it_does_not_know(
     assert "tau:X" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_committed_trace_replays_and_the_parametric_model_agrees_within_10_percent() -> None:
     with gzip.open(TRACE, "rt", encoding="utf-8") as f:
         assert json.loads(f.readline())["format"] == "heddle-trace"

@@ -19,6 +19,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_version_is_the_installed_distributions() -> None:
     result = run("version")
     assert result.returncode == 0
@@ -26,6 +27,7 @@ def test_version_is_the_installed_distributions() -> None:
     assert __version__ != "0+unknown"
 
 
+@pytest.mark.slow
 def test_bench_placement_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(
         [
@@ -52,6 +54,7 @@ def test_bench_placement_writes_json(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "median" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_bench_shape_writes_json(tmp_path: Path) -> None:
     code = main(
         [
@@ -73,6 +76,7 @@ def test_bench_shape_writes_json(tmp_path: Path) -> None:
     assert result["predicted_makespan_s"] <= result["baseline_makespan_s"]
 
 
+@pytest.mark.slow
 def test_bad_workload_is_a_clear_error_with_exit_code_2(tmp_path: Path) -> None:
     bad = tmp_path / "w.yaml"
     bad.write_text("name: w\nprompts: -1\n")
@@ -200,6 +204,7 @@ def test_bench_rollout_refuses_an_unknown_policy(tmp_path: Path) -> None:
     assert "unknown scheduling policy 'verl3'; choose one of" in result.stderr
 
 
+@pytest.mark.slow
 def test_bad_tool_allow_list_stops_the_operator_with_a_sentence() -> None:
     result = run("operator", "--tool-allowed-hosts", "sandbox.rl.svc,http://10.0.0.1/x")
     assert result.returncode == 2
@@ -222,6 +227,7 @@ def test_bench_gateway_measures_overhead_and_calls_per_second(tmp_path: Path) ->
     assert "overhead" in result.stdout and "calls/s" in result.stdout
 
 
+@pytest.mark.slow
 def test_an_unknown_pod_policy_exemption_stops_the_operator_with_a_sentence() -> None:
     result = run("operator", "--pod-allow", "hostPath,everything")
     assert result.returncode == 2

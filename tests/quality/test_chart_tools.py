@@ -642,6 +642,7 @@ def test_checkov_skips_each_say_why() -> None:
             assert isinstance(why, str) and len(why.split()) >= 10, (scope, check)
 
 
+@pytest.mark.slow  # checkov scans in a process of its own (about 7 s)
 @pytest.mark.parametrize("scope", ["chart", "worker", "session"])
 def test_checkov_finds_only_the_justified(
     checkov_findings: dict[str, set[str]], scope: str

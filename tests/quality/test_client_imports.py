@@ -36,10 +36,12 @@ def _heavy_after(module: str) -> list[str]:
     return list(json.loads(done.stdout.splitlines()[-1]))
 
 
+@pytest.mark.slow
 def test_the_client_loads_neither_kopf_nor_the_kubernetes_client() -> None:
     assert _heavy_after("heddle.client") == []
 
 
+@pytest.mark.slow
 def test_the_check_sees_a_heavy_import() -> None:
     """The operator's front loads kopf, and the probe says so: the check above can fail."""
     assert "kopf" in _heavy_after("heddle.operator")

@@ -54,6 +54,7 @@ def _package_of(path: Path) -> str:
     return "heddle"
 
 
+@pytest.mark.slow
 def test_no_package_imports_another_ones_private_modules() -> None:
     found = []
     for folder in [*PACKAGES, "scheduler/sim", "heddle"]:

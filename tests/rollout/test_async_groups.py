@@ -25,6 +25,9 @@ from .._rollout_fixtures import read_records, start_pool
 from ..worker.test_weights import fake_checkpoint
 from .test_session import _session, _synthetic
 
+# Starts sim worker processes for the module: not the inner loop (README).
+pytestmark = pytest.mark.slow
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "async" / "stream_groups.py"
 
 

@@ -22,6 +22,9 @@ from ..worker.test_weights import fake_checkpoint
 from .test_session import _session, _synthetic
 from .test_weights import _versions
 
+# Starts sim worker processes for the module: not the inner loop (README).
+pytestmark = pytest.mark.slow
+
 
 def test_weights_pushed_mid_rollout_change_later_steps_only(
     sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path

@@ -149,6 +149,7 @@ def test_a_turn_without_calls_ends_the_trajectory(tool_server: ToolServer) -> No
     assert outcome.done and outcome.assistant is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workload", ["search", "coding", "math"])
 def test_the_paper_jobs_with_tool_schemas_pass_the_crd_schema(workload: str) -> None:
     job = yaml.safe_load((ROOT / "examples" / "paper" / f"job-{workload}.yaml").read_text())

@@ -38,6 +38,9 @@ from heddle.worker import WorkerEndpoint
 
 from .._rollout_fixtures import read_records
 
+# Starts sim worker processes for the module: not the inner loop (README).
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

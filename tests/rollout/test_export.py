@@ -390,6 +390,7 @@ def test_the_python_examples_in_the_docs_run(
 # -- end to end: trainer rows in, a rollout with rewards, trainer rows out -----------------
 
 
+@pytest.mark.slow  # its fixture starts sim worker processes
 def test_verl_rows_roll_out_and_export_to_every_trainer(
     scripted_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
 ) -> None:

@@ -36,6 +36,9 @@ from heddle.worker import WorkerEndpoint
 
 from .._rollout_fixtures import assert_exactly_once, read_records
 
+# Starts sim worker processes for the module: not the inner loop (README).
+pytestmark = pytest.mark.slow
+
 PERF = PerfModel(MODEL_PRESETS["qwen3-8b"], HARDWARE_PRESETS["h100-sxm"])
 FAST = SessionConfig(replan_interval_s=0.2, health_interval_s=0.2, unhealthy_after=2)
 TOKEN = "test-token"

@@ -115,6 +115,7 @@ for i in range(1000):
 """
 
 
+@pytest.mark.slow
 def test_a_write_the_disk_refuses_leaves_no_torn_record(tmp_path: Path) -> None:
     path = tmp_path / "rollout.jsonl"
     proc = subprocess.run(

@@ -12,6 +12,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
+
 from heddle.api import RewardSpec
 from heddle.rollout import CodeReward, SandboxLimits, extract_code, read_tasks, run_python
 
@@ -53,6 +55,7 @@ def test_extract_code_takes_the_last_block_and_an_unclosed_one() -> None:
     assert extract_code("no code") is None
 
 
+@pytest.mark.slow
 def test_a_loop_that_never_ends_gets_zero_with_the_time_limit() -> None:
     loop = _score("```python\ndef add(a, b):\n    while True:\n        pass\n```")
     assert loop.reward == 0.0 and loop.info["reason"].startswith("time limit")
@@ -113,6 +116,7 @@ def _load(name: str) -> ModuleType:
     return module
 
 
+@pytest.mark.slow
 def test_code_tasks_are_what_the_script_writes_and_their_references_pass() -> None:
     make = _load("make_code")
     assert (TASKS / "code.jsonl").read_text(encoding="utf-8") == make.jsonl(make.tasks()), (

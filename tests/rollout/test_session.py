@@ -39,6 +39,9 @@ from heddle.worker import WorkerEndpoint
 
 from .._rollout_fixtures import ToolServer, assert_consistent, assert_exactly_once, read_records
 
+# Starts sim worker processes for the module: not the inner loop (README).
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOAD = load_workload(str(ROOT / "examples" / "synthetic" / "workload.yaml"))
 PERF = PerfModel(MODEL_PRESETS["qwen3-8b"], HARDWARE_PRESETS["h100-sxm"])

@@ -18,6 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from heddle.api import SamplingSpec
 from heddle.rollout import (
     ColocationVerdict,
@@ -224,6 +226,7 @@ def test_the_live_session_and_the_simulator_take_the_same_colocation_verdict() -
     )
 
 
+@pytest.mark.slow
 def test_build_session_keeps_groups_whole_where_the_verdict_is_on(tmp_path: Path) -> None:
     examples = ROOT / "examples" / "synthetic"
     local = prepare_job(examples / "job.yaml", examples / "pool.yaml")

@@ -65,6 +65,7 @@ def _run_traced(workers: list[WorkerEndpoint], output: Path, tasks: int, samples
     asyncio.run(session.run())
 
 
+@pytest.mark.slow
 def test_a_traced_run_replays_in_the_simulator_with_its_own_steps(
     sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
 ) -> None:

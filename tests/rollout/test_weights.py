@@ -25,6 +25,9 @@ from ..api.test_manifests import JOB, _with
 from ..worker.test_weights import fake_checkpoint
 from .test_session import _session, _synthetic
 
+# Starts sim worker processes for the module: not the inner loop (README).
+pytestmark = pytest.mark.slow
+
 
 def test_weights_are_parsed_and_an_integer_version_is_text() -> None:
     job = RolloutJobSpec.from_manifest(

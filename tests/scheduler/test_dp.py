@@ -55,6 +55,7 @@ def solve(
     return solve_contiguous(aggregate(np.array(lengths), 1000), instances)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(
     lengths=lengths_st,
@@ -70,6 +71,7 @@ def test_optimal_over_all_assignments_on_identical_instances(
     assert makespan == pytest.approx(brute_force_any_assignment(lengths, instances), rel=1e-9)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     lengths=lengths_st,
@@ -100,6 +102,7 @@ def test_fastest_first_alone_can_miss_the_optimum() -> None:
     assert best == pytest.approx(2.0) == brute_force_any_assignment(lengths, [fast, slow])
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(
     lengths=lengths_st,
@@ -144,6 +147,7 @@ def test_parametric_search_agrees_with_the_dp(
     assert exact * (1 - 1e-9) <= approx <= exact * (1 + 1.1e-3)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(
     lengths=st.lists(

@@ -128,6 +128,7 @@ def test_oracle_knows_the_truth() -> None:
     assert p.update(t).remaining_tokens == 600 and t.predicted_remaining_turns == 3
 
 
+@pytest.mark.slow
 def test_siblings_beat_progress_alone_on_the_coding_workload() -> None:
     """A scaled-down coding workload; both predictors seeded from an earlier rollout."""
     spec = load_workload("coding")

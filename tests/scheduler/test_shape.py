@@ -103,6 +103,7 @@ def simulated(perf: PerfModel, gpus: int = 8, **kwargs: Any) -> SimulatedShapePl
     return SimulatedShapePlanner(perf, config, **kwargs)
 
 
+@pytest.mark.slow
 def test_under_kv_pressure_the_planner_prefers_high_tp(perf: PerfModel) -> None:
     # 30K-token prompts and 2K-token tool replies: a TP1 engine's ~240K-token KV cache
     # holds a handful of these contexts, so TP1 recomputes.
@@ -114,6 +115,7 @@ def test_under_kv_pressure_the_planner_prefers_high_tp(perf: PerfModel) -> None:
     assert planner.scores["8xTP1"] > 1.1 * plan.predicted_makespan_s
 
 
+@pytest.mark.slow
 def test_with_short_contexts_and_plenty_of_work_the_planner_prefers_tp1(perf: PerfModel) -> None:
     # Throughput-bound: short contexts, many trajectories. TP1 reads the weights
     # on every GPU but pays no all-reduce and fills eight batches.
@@ -134,6 +136,7 @@ def test_tool_time_counts(perf: PerfModel) -> None:
     assert slow.predicted_makespan_s >= quick.predicted_makespan_s + 20.0
 
 
+@pytest.mark.slow
 def test_the_replica_ranks_shapes_as_the_full_simulation_does(perf: PerfModel) -> None:
     # A 16-GPU pool planned on an 8-GPU replica with every second trajectory: the
     # replica's makespans of the homogeneous shapes rank them as full simulations do.
@@ -165,6 +168,7 @@ def test_the_replica_ranks_shapes_as_the_full_simulation_does(perf: PerfModel) -
         assert replica[tp] == pytest.approx(makespan, rel=0.15)
 
 
+@pytest.mark.slow
 def test_the_simulator_plans_heddle_with_the_simulating_planner(perf: PerfModel) -> None:
     history = [
         replace(r, tool_output_tokens=(2000, 2000, 2000)) for r in records(256, 30_000, 3_000, 4)
@@ -186,6 +190,7 @@ def test_a_context_no_tp_holds_is_refused(perf: PerfModel) -> None:
         simulated(perf).plan_history(records(4, 5_000_000, 10, 1), None, tool_means_s={"t": 0.0})
 
 
+@pytest.mark.slow
 def test_where_trajectory_scheduling_is_not_predicted_to_help_heddle_runs_the_best_static_config(
     perf: PerfModel,
 ) -> None:

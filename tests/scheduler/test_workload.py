@@ -20,6 +20,7 @@ def _generated(name: str, seed: int) -> tuple[TrajectoryScript, ...]:
     return tuple(generate(load_workload(name), seed))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", WORKLOAD_PRESETS)
 def test_presets_parse_and_generate(name: str) -> None:
     spec = load_workload(name)

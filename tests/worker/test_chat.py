@@ -90,6 +90,7 @@ _first = st.builds(
 _rounds = st.lists(st.tuples(_assistant, _group, st.booleans()), max_size=5)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

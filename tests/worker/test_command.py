@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -18,6 +19,7 @@ from heddle.worker import DEFAULT_WORKER_ARGS, WorkerArgs, parse_worker_argv
 _flag_values = st.text(alphabet="abcdefghij_=0123456789", min_size=1, max_size=12)
 
 
+@pytest.mark.slow
 @given(
     engine=st.sampled_from(["sim", "vllm"]),
     tp=st.sampled_from([1, 2, 4, 8]),
@@ -60,6 +62,7 @@ def test_the_defaults_are_the_commands_defaults() -> None:
     assert parse_worker_argv([]) == DEFAULT_WORKER_ARGS
 
 
+@pytest.mark.slow
 def test_every_flag_is_in_heddle_worker_help() -> None:
     shown = subprocess.run(
         [sys.executable, "-m", "heddle", "worker", "--help"],

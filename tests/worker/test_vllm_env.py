@@ -32,6 +32,7 @@ def test_defaults_fill_only_what_the_environment_leaves_unset() -> None:
     assert vllm_cpu_env(range(1), chosen) == chosen
 
 
+@pytest.mark.slow
 async def test_heddle_runs_workers_get_the_same_defaults_on_the_cores_it_deals(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -142,6 +142,7 @@ async def test_a_full_push_then_a_delta_over_gloo_bump_the_version(tmp_path: Pat
             assert 'heddle_worker_weight_loads_total{result="loaded"} 2.0' in metrics
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_push_refusals_and_a_trainer_that_never_sends(tmp_path: Path) -> None:
     ckpt = fake_checkpoint(tmp_path / "a", SHAPES)

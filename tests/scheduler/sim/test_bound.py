@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -45,6 +46,7 @@ def cases(draw: st.DrawFn) -> tuple[list, ClusterSpec, int]:  # type: ignore[typ
     return generate(spec, draw(st.integers(0, 999))), cluster, draw(st.sampled_from([0, 1, 2]))
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_no_policy_shape_or_cap_beats_the_bound(case: tuple[list, ClusterSpec, int]) -> None:  # type: ignore[type-arg]

@@ -162,6 +162,7 @@ def test_every_case_is_recorded() -> None:
     assert set(CASES) == set(RECORDED)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key", sorted(RECORDED))
 def test_results_match_the_run_recorded_before_the_scale_work(key: str) -> None:
     spec, cluster, policy, shape, cap = CASES[key]

@@ -7,6 +7,7 @@ from dataclasses import replace
 from importlib import resources
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,6 +28,7 @@ from heddle.scheduler.sim._view import LoadIndex
 # -- LoadIndex against min/max over a list ------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.integers(0, 6), min_size=1, max_size=40),
@@ -131,6 +133,7 @@ _script = st.builds(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(_script, min_size=1, max_size=10, unique_by=lambda s: s.id),
@@ -197,6 +200,7 @@ def test_the_first_steps_wait_for_the_first_plan() -> None:
     assert sim.planner_s in (2.0 * (1 + sim.replans), 2.0 * sim.replans)
 
 
+@pytest.mark.slow
 def test_a_charged_run_is_reproducible_and_loses_nothing() -> None:
     cost = PlannerCost(placement_fixed_s=0.3, migration_per_trajectory_s=1e-3)
     sim, first = _run("heddle-migrate", cost)

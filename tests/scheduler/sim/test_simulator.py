@@ -48,6 +48,7 @@ def simulate(
     return sim
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_every_token_is_generated_once_and_every_trajectory_finishes(
     policy: str, workload: WorkloadSpec, cluster: ClusterSpec
@@ -67,6 +68,7 @@ def test_every_token_is_generated_once_and_every_trajectory_finishes(
     assert sum(tp * n for tp, n in sim.shape.counts) <= cluster.gpus
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["heddle", "verl", "slime"])
 def test_no_policy_beats_the_lower_bound(
     policy: str, workload: WorkloadSpec, cluster: ClusterSpec
@@ -78,6 +80,7 @@ def test_no_policy_beats_the_lower_bound(
     assert bound.serial_s > max(sum(s.tool_latency_s) for s in scripts)
 
 
+@pytest.mark.slow
 def test_same_seed_same_result(workload: WorkloadSpec, cluster: ClusterSpec) -> None:
     scripts = generate(workload, 9)
     history = history_of(generate(workload, 10))
@@ -141,6 +144,7 @@ def test_cache_awareness_matters(workload: WorkloadSpec, cluster: ClusterSpec) -
     assert slime.recompute_tokens > verl.recompute_tokens
 
 
+@pytest.mark.slow
 def test_progressive_priority_queues_the_longest_trajectory_less_than_fcfs(
     workload: WorkloadSpec, cluster: ClusterSpec
 ) -> None:
@@ -174,6 +178,7 @@ def test_a_trajectory_larger_than_the_kv_cache_is_refused(workload: WorkloadSpec
         simulate(scripts, small, "verl")
 
 
+@pytest.mark.slow
 def test_predictor_quality_is_reported_for_heddle_only(
     workload: WorkloadSpec, cluster: ClusterSpec
 ) -> None:

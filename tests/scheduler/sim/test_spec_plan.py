@@ -3,6 +3,8 @@ routing, and the drafting corpus the session seeds (siblings after a push, histo
 
 from __future__ import annotations
 
+import pytest
+
 from heddle.scheduler import (
     ACCEPTANCE_PRESETS,
     ClusterSpec,
@@ -91,6 +93,7 @@ def test_colocation_is_taken_where_whole_groups_balance() -> None:
     assert colocated.speculation["tokens_per_step"] > 1.9
 
 
+@pytest.mark.slow
 def test_colocation_is_refused_where_whole_groups_pile_up() -> None:
     # Long and short groups alternate: the closed form pairs each long group with a short
     # one (balanced, and it predicts a gain), but placing groups as they arrive puts two
@@ -115,6 +118,7 @@ def test_with_seeded_siblings_only_a_simulation_of_the_pool_decides() -> None:
     assert "siblings seeded" in sim.colocation
 
 
+@pytest.mark.slow
 def test_seeded_siblings_count_only_after_their_text_is_pushed() -> None:
     scripts = groups_of([1200] * 8, turns=3)
     alone = {"colocate_groups": False, "seed_history": 0, "k_table": False}
