@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,23 +23,30 @@ def test_a_policy_name_may_carry_an_in_flight_cap_per_engine() -> None:
             parse_policy_cap(bad)
 
 
-def test_a_capped_baseline_runs_beside_heddle_on_the_same_sim_workers(tmp_path: Path) -> None:
-    workload = dataclasses.replace(load_workload("quickstart"), prompts=2)
+def _bench_on_sim_workers(
+    tmp_path: Path, policies: list[str], *, prompts: int, seed: int
+) -> dict[str, Any]:
+    """One round of ``heddle bench engines`` on two TP1 sim workers at no time scale."""
+    workload = dataclasses.replace(load_workload("quickstart"), prompts=prompts)
     options = LocalWorkerOptions(
         engine="sim", time_scale=0.0, max_model_len=1 << 20, log_dir=tmp_path / "logs"
     )
-    result = bench_engines(
+    return bench_engines(
         workload=workload,
-        policies=["heddle", "verl@1"],
+        policies=policies,
         options=options,
         tps=[1, 1],
         samples=workload.samples_per_prompt,
         rounds=1,
-        seed=1,
+        seed=seed,
         tool_time_scale=0.0,
         out=tmp_path,
         progress=lambda _: None,
     )
+
+
+def test_a_capped_baseline_runs_beside_heddle_on_the_same_sim_workers(tmp_path: Path) -> None:
+    result = _bench_on_sim_workers(tmp_path, ["heddle", "verl@1"], prompts=2, seed=1)
     assert set(result["policies"]) == {"heddle", "verl@1"}
     assert set(result["throughput_ratios"]) == {"heddle/verl@1"}
     row = result["runs"]["verl@1"][0]
@@ -59,22 +67,8 @@ def test_the_warm_up_runs_the_measured_workload_so_every_run_finds_the_same_cach
     before it. The warm-up is that run for the first one: the same tasks, samples and
     seed, so the same prompts and the same scripted turns (a warm-up on other tasks left
     the first policy alone to prefill its prompts cold: docs/speculation.md)."""
-    workload = dataclasses.replace(load_workload("quickstart"), prompts=3)
-    options = LocalWorkerOptions(
-        engine="sim", time_scale=0.0, max_model_len=1 << 20, log_dir=tmp_path / "logs"
-    )
-    bench_engines(
-        workload=workload,
-        policies=["verl"],
-        options=options,
-        tps=[1, 1],
-        samples=workload.samples_per_prompt,
-        rounds=1,
-        seed=3,
-        tool_time_scale=0.0,
-        out=tmp_path,
-        progress=lambda _: None,
-    )
+    _bench_on_sim_workers(tmp_path, ["verl"], prompts=3, seed=3)
+    samples = load_workload("quickstart").samples_per_prompt
 
     def shape(name: str) -> dict[tuple[str, int], tuple[list[int], list[int]]]:
         rows = [json.loads(line) for line in (tmp_path / "runs" / name).read_text().splitlines()]
@@ -84,7 +78,7 @@ def test_the_warm_up_runs_the_measured_workload_so_every_run_finds_the_same_cach
         }
 
     measured = shape("verl-r0.jsonl")
-    assert len(measured) == 3 * workload.samples_per_prompt
+    assert len(measured) == 3 * samples
     assert shape("warmup.jsonl") == measured
 
 
