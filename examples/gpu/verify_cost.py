@@ -43,10 +43,11 @@ class Shape:
     vocab: int
 
 
-# From the models' config.json on the Hugging Face hub (Qwen/Qwen3-8B, Qwen/Qwen3-14B).
+# From the models' config.json on the Hugging Face hub (Qwen/Qwen3-8B, -14B, -32B).
 SHAPES = {
     "qwen3-8b": Shape("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936),
     "qwen3-14b": Shape("qwen3-14b", 40, 5120, 40, 8, 128, 17408, 151936),
+    "qwen3-32b": Shape("qwen3-32b", 64, 5120, 64, 8, 128, 25600, 151936),
 }
 
 L2_BYTES = 64 << 20  # KV buffers re-used across layers must each be larger than L2
