@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AddressInUseError",
     "CheckpointError",
     "ConfigError",
     "EngineError",
@@ -48,6 +49,16 @@ class ConfigError(HeddleError, ValueError):
     The message quotes the bad value and says what would be valid, e.g.
     ``tensor-parallel size 3 does not divide gpus_per_node=8; use one of [1, 2, 4, 8]``.
     """
+
+
+class AddressInUseError(ConfigError):
+    """A server cannot listen where it was told: the address is taken.
+
+    ``heddle`` exits with :attr:`exit_code` (75, sysexits' EX_TEMPFAIL) on it, so a
+    launcher (the local pool) can tell it from other failures and retry on another port.
+    """
+
+    exit_code = 75
 
 
 class WorkloadError(ConfigError):

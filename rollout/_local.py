@@ -25,7 +25,7 @@ from typing import IO
 
 import httpx
 
-from heddle.exceptions import ConfigError, HeddleError
+from heddle.exceptions import AddressInUseError, ConfigError, HeddleError
 from heddle.worker import (
     DEFAULT_WORKER_ARGS,
     NAMED_MODELS,
@@ -95,6 +95,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+# A worker holds its port from its first second (heddle.worker.listen_socket), but the
+# port is picked here and freed before the worker starts: another process on the host can
+# take it in between. The worker then exits at once with AddressInUseError's code, and
+# the pool starts it again on a fresh port, up to this many times in all.
+PORT_TRIES = 3
+
+
 @dataclass
 class _Proc:
     endpoint: WorkerEndpoint
@@ -139,9 +146,14 @@ class LocalPool:
         )
         return [sys.executable, "-m", "heddle", *args.argv()]
 
+    def _pick_port(self) -> int:
+        """A port free now; the worker binds it when it starts (see PORT_TRIES)."""
+        return free_port(self.options.host)
+
     def _spawn(self, name: str, tp: int, cores: list[int]) -> _Proc:
+        """Start one worker on a free port (its cores in ``cores``)."""
         o = self.options
-        port = free_port(o.host)
+        port = self._pick_port()
         # The pool deals the cores: a binding in its own environment must not apply to all.
         inherited = {k: v for k, v in os.environ.items() if k != THREADS_BIND}
         env = vllm_cpu_env(cores, inherited)
@@ -165,19 +177,39 @@ class LocalPool:
         """Start every worker and wait until all are ready (or fail with their log's tail)."""
         cores = os.cpu_count() or 1
         next_core = 0
+        cores_of: dict[str, tuple[int, list[int]]] = {}
         for i, tp in enumerate(self.tps):
             name = f"worker-{i}-tp{tp}"
             assigned = [(next_core + j) % cores for j in range(tp)]
             next_core += tp
             self.procs[name] = self._spawn(name, tp, assigned)
-        await asyncio.gather(*(self._wait_ready(p) for p in self.procs.values()))
+            cores_of[name] = (tp, assigned)
+        await asyncio.gather(*(self._ready(name, *cores_of[name]) for name in self.procs))
         return [p.endpoint for p in self.procs.values()]
+
+    async def _ready(self, name: str, tp: int, cores: list[int]) -> None:
+        """Until ``name`` is ready; started again on another port if its was taken."""
+        for attempt in range(1, PORT_TRIES + 1):
+            try:
+                await self._wait_ready(self.procs[name])
+                return
+            except AddressInUseError:
+                if attempt == PORT_TRIES:
+                    raise
+                self.procs[name].log.close()
+                self.procs[name] = self._spawn(name, tp, cores)
 
     async def _wait_ready(self, proc: _Proc) -> None:
         deadline = time.monotonic() + self.options.startup_timeout_s
         async with httpx.AsyncClient() as http:
             while time.monotonic() < deadline:
                 if proc.process.poll() is not None:
+                    if proc.process.returncode == AddressInUseError.exit_code:
+                        raise AddressInUseError(
+                            f"local worker {proc.endpoint.name} found its port taken "
+                            f"{PORT_TRIES} times in a row: {self.cause(proc)} "
+                            f"(its log: {self.log_path(proc)})"
+                        )
                     raise HeddleError(
                         f"local worker {proc.endpoint.name} exited with code "
                         f"{proc.process.returncode} while starting: {self.cause(proc)} "

@@ -55,7 +55,7 @@ from ._schemas import (
     WeightsRequest,
     WeightsResponse,
 )
-from ._server import serve
+from ._server import listen_socket, serve
 from ._sim_engine import SimulatedEngine
 from ._smollm2 import SMOLLM2, ModelManifest, default_model_cache, ensure_smollm2
 from ._smollm2_tools import SMOLLM2_TOOL_PARSER, SMOLLM2_TOOLS_TEMPLATE, install_tool_template
@@ -149,6 +149,7 @@ __all__ = [
     "ensure_smollm2",
     "install_tool_template",
     "job_of",
+    "listen_socket",
     "named_model_dir",
     "parse_batch_size_table",
     "parse_engine_arg",

@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
+import socket
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
 import uvicorn
 
+from heddle.exceptions import AddressInUseError, ConfigError
+
 from ._app import WorkerState, create_app
 from ._body_limit import MAX_BODY_BYTES
 from ._engine import Engine
 from ._http import KEEP_ALIVE_S
 
-__all__ = ["serve"]
+__all__ = ["listen_socket", "serve"]
 
 log = logging.getLogger("heddle.worker")
 
@@ -71,6 +75,30 @@ def _signals_deferred() -> Iterator[list[int]]:
             signal.signal(s, handler)
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound (not yet listening) before the engine starts.
+
+    Binding first holds the port through a model load of minutes: a launcher that
+    picked a free port for this worker cannot lose it meanwhile to another process,
+    and a taken port is one sentence at once, not a failure after the load. Until
+    the server listens, connections are refused, as before the bind.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise AddressInUseError(
+                f"cannot listen on {host}:{port}: the address is in use; pick another "
+                "--port or stop what holds it"
+            ) from exc
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}; check --host") from exc
+    return sock
+
+
 def serve(
     engine: Engine,
     *,
@@ -79,10 +107,14 @@ def serve(
     grace_s: float = 30.0,
     max_body_bytes: int = MAX_BODY_BYTES,
     token: str | None = None,
+    sock: socket.socket | None = None,
     **state: Any,
 ) -> None:
-    """Serve ``engine`` until a signal; blocks. ``token`` and ``state`` (max_resident,
-    resident_ttl_s, weights_roots): see :func:`create_app`."""
+    """Serve ``engine`` until a signal; blocks. ``sock``: bound by :func:`listen_socket`
+    on ``host:port`` (the CLI binds before its checks); bound here when not given.
+    ``token`` and ``state`` (max_resident, resident_ttl_s, weights_roots): see
+    :func:`create_app`."""
+    sock = sock if sock is not None else listen_socket(host, port)
     app = create_app(
         engine,
         grace_s=grace_s,
@@ -112,6 +144,9 @@ def serve(
             log.info("signal %s during start-up: stopping the engine", received[0])
             await engine.shutdown()
             return
-        await _Server(config, app.state.worker).serve()
+        await _Server(config, app.state.worker).serve(sockets=[sock])
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    finally:
+        sock.close()

@@ -337,10 +337,12 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
     from heddle.exceptions import ConfigError
     from heddle.rollout import load_cluster
-    from heddle.worker import SimulatedEngine, read_token, serve
+    from heddle.worker import SimulatedEngine, listen_socket, read_token, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     token = read_token(args.token_file)  # before the engine: a bad token costs no model load
+    # The port is held from here, through vLLM's checks and load (minutes).
+    sock = listen_socket(args.host, args.port)
     limits: dict[str, Any] = {"weights_roots": tuple(args.weights_root)}
     if args.max_resident is not None:
         if args.max_resident < 1:
@@ -390,6 +392,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             port=args.port,
             grace_s=args.grace,
             token=token,
+            sock=sock,
             **limits,
         )
         return 0
@@ -410,7 +413,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         seed=args.seed,
         scripted_replies=args.scripted_replies,
     )
-    serve(engine, host=args.host, port=args.port, grace_s=args.grace, token=token, **limits)
+    serve(
+        engine, host=args.host, port=args.port, grace_s=args.grace, token=token, sock=sock, **limits
+    )
     return 0
 
 
@@ -713,7 +718,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.func(args)
     except HeddleError as exc:
         print(f"heddle: error: {exc}", file=sys.stderr)
-        return 2
+        return int(getattr(exc, "exit_code", 2))
     except OSError as exc:  # not Heddle's own (a full disk, a bad path): one sentence, no traceback
         where = f" ({exc.filename})" if exc.filename else ""
         print(f"heddle: error: {exc.strerror or type(exc).__name__}{where}", file=sys.stderr)

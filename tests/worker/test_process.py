@@ -172,3 +172,24 @@ def test_a_body_limit_that_is_not_positive_is_refused_in_one_sentence() -> None:
     )
     assert done.returncode == 2
     assert done.stderr.strip() == "heddle: error: --max-body-mib 0 must be positive, e.g. 16"
+
+
+def test_a_taken_port_is_one_sentence_at_once_with_its_own_exit_code() -> None:
+    from heddle.exceptions import AddressInUseError
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "heddle", "worker", "--engine", "sim", "--port", str(port)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == AddressInUseError.exit_code
+    assert done.stderr == (
+        f"heddle: error: cannot listen on 127.0.0.1:{port}: the address is in use; pick "
+        "another --port or stop what holds it\n"
+    )
