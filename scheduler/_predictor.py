@@ -150,11 +150,18 @@ class _Group:
         default_factory=dict
     )
 
+    # id -> (progress, exp(log E[T | mu, T > tokens] - top), top) of a running member on
+    # this grid: what a prediction weighs by the posterior. It depends on the member's own
+    # progress only, so the re-prediction after a tool call (siblings moved, it did not)
+    # reuses it; the posterior's weights are all that changed.
+    member_tail: dict[str, tuple[tuple[int, int], np.ndarray, float]] = field(default_factory=dict)
+
     version: int = 0  # bumped whenever the group's evidence changes (prediction cache key)
 
     def invalidate(self) -> None:
         self.grid = self.log_w = None
         self.member_evidence.clear()
+        self.member_tail.clear()
         self.version += 1
 
 
@@ -267,6 +274,7 @@ class SiblingPredictor(LengthPredictor):
         group.live.pop(trajectory.id, None)
         group.version += 1
         self._cache.pop(trajectory.id, None)
+        group.member_tail.pop(trajectory.id, None)
         log_len = math.log(max(1, trajectory.generated_tokens))
         group.finished.append(log_len)
         if group.grid is not None and group.log_w is not None and self.config.use_siblings:
@@ -452,21 +460,33 @@ class SiblingPredictor(LengthPredictor):
             if recorded is not None:
                 log_w = log_w - recorded[1]  # folded in at an older progress
             log_w = log_w + own_ev
-        z = (math.log(max(1, trajectory.generated_tokens)) - mean) / sd
-        if trajectory.generated_tokens == 0:
-            z = np.full_like(z, -np.inf)
-        tails = log_normal_sf(np.concatenate([z, z - sd]))
-        log_survive, log_shifted = tails[: grid.size], tails[grid.size :]
+        tail = group.member_tail.get(trajectory.id)
+        if tail is None or tail[0] != progress:
+            tail = group.member_tail[trajectory.id] = self._tail(trajectory, grid, mean, sd)
+        _, scaled, top = tail
         weights = np.exp(log_w - log_w.max())
-        # E[T | T > g] of a log-normal: exp(m + s²/2) * P(Z > z - s) / P(Z > z)
-        log_mean = mean + 0.5 * sd**2 + log_shifted - log_survive
-        top = log_mean.max()
-        total = float(np.exp(log_mean - top) @ weights / weights.sum()) * math.exp(top)
+        total = float(scaled @ weights / weights.sum()) * math.exp(top)
         total = min(max(total, float(trajectory.generated_tokens)), float(self.config.max_tokens))
         remaining = max(0.0, total - trajectory.generated_tokens)
         turns_total = math.exp(h.turns_intercept + h.turns_slope * math.log(max(total, 1.0)))
         remaining_turns = max(1.0 if remaining > 0 else 0.0, turns_total - trajectory.turns)
         return Prediction(remaining, remaining_turns, total)
+
+    @staticmethod
+    def _tail(
+        trajectory: Trajectory, grid: np.ndarray, mean: np.ndarray, sd: np.ndarray
+    ) -> tuple[tuple[int, int], np.ndarray, float]:
+        """E[T | mu, T > tokens so far] per grid point, scaled by its largest value."""
+        z = (math.log(max(1, trajectory.generated_tokens)) - mean) / sd
+        if trajectory.generated_tokens == 0:
+            z = np.full_like(z, -np.inf)
+        tails = log_normal_sf(np.concatenate([z, z - sd]))
+        log_survive, log_shifted = tails[: grid.size], tails[grid.size :]
+        # E[T | T > g] of a log-normal: exp(m + s²/2) * P(Z > z - s) / P(Z > z)
+        log_mean = mean + 0.5 * sd**2 + log_shifted - log_survive
+        top = log_mean.max()
+        progress = (trajectory.generated_tokens, trajectory.turns)
+        return progress, np.exp(log_mean - top), top
 
 
 class ProgressPredictor(SiblingPredictor):

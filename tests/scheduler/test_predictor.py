@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from heddle.exceptions import ConfigError
@@ -9,6 +11,7 @@ from heddle.rollout import load_workload
 from heddle.scheduler import (
     FinishedTrajectory,
     OraclePredictor,
+    Prediction,
     PredictorConfig,
     ProgressPredictor,
     SiblingPredictor,
@@ -211,3 +214,50 @@ def test_a_prior_at_the_jobs_scale_ranks_the_tail_first_before_any_refit() -> No
     # predicts about "cap minus generated", so the tail ranked last.
     paper = _remaining_before_any_refit(PredictorConfig(max_tokens=1500))
     assert paper["tail"] < paper["short"] < paper["fresh"]
+
+
+def test_a_members_cached_tail_gives_the_uncached_prediction_bit_for_bit() -> None:
+    """The per-member tail kept between predictions (progress unchanged, siblings moved)
+    against the same predictor recomputing it every time, over steps, tool-call
+    re-predictions, finishes and online refits (which rebuild every posterior)."""
+    import random
+
+    class Uncached(SiblingPredictor):
+        def _predict(self, trajectory: Trajectory, group: Any) -> Prediction:
+            group.member_tail.clear()
+            return super()._predict(trajectory, group)
+
+    rng = random.Random(7)
+    cached, uncached = (
+        SiblingPredictor(PredictorConfig(min_complete_groups=2)),
+        Uncached(PredictorConfig(min_complete_groups=2)),
+    )
+    pairs = {
+        f"g{g}s{s}": (
+            Trajectory(f"g{g}s{s}", f"g{g}", 300 + g),
+            Trajectory(f"g{g}s{s}", f"g{g}", 300 + g),
+        )
+        for g in range(12)
+        for s in range(4)
+    }
+    live, refits_before = list(pairs), cached._fitted_on
+    compared = 0
+    while live:
+        tid = rng.choice(live)
+        a, b = pairs[tid]
+        if rng.random() < 0.6:  # a step: progress, then the prediction after it
+            tokens = rng.randint(1, 900)
+            for t in (a, b):
+                t.generated_tokens += tokens
+                t.turns += 1
+                t.turn_tokens.append(tokens)
+        if a.turns >= 2 and rng.random() < 0.25:
+            cached.finish(a)
+            uncached.finish(b)
+            live.remove(tid)
+            continue
+        # Without a step this is the re-prediction after a tool call.
+        got, want = cached.update(a), uncached.update(b)
+        assert got == want
+        compared += 1
+    assert compared > 100 and cached._fitted_on > refits_before  # refits happened
