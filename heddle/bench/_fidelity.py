@@ -173,18 +173,14 @@ def replayed_acceptance(
             got = replay.get(f"{p}-r{r}", {})
             real = measured_counts(_read_records(out / "runs" / f"{p}-r{r}.jsonl"), key=key)
             for tid, t in got.items():
-                acc = per_traj.setdefault(tid, StepTokens())
-                acc.tokens += t.tokens
-                acc.accepted += t.accepted
-                replay_total.tokens += t.tokens
-                replay_total.accepted += t.accepted
+                per_traj.setdefault(tid, StepTokens()).add(t)
+                replay_total.add(t)
                 if tid in real and real[tid].tokens:
                     errors.append(t.tokens_per_step / real[tid].tokens_per_step - 1.0)
             for m in real.values():
-                real_total.tokens += m.tokens
-                real_total.accepted += m.accepted
+                real_total.add(m)
         result[p] = {
-            "replayed": {tid: t.tokens_per_step for tid, t in per_traj.items()},
+            "replayed": {tid: t.decode_tokens_per_step for tid, t in per_traj.items()},
             "real_tokens_per_step": real_total.tokens_per_step,
             "replay_tokens_per_step": replay_total.tokens_per_step,
             # Per trajectory and round, replayed against measured: how well the

@@ -70,6 +70,7 @@ class StepTokens:
 
     tokens: int = 0
     accepted: int = 0
+    requests: int = 0  # its steps: each one's first token came from its prefill
 
     @property
     def tokens_per_step(self) -> float:
@@ -77,6 +78,18 @@ class StepTokens:
         produced them (tokens less accepted drafts; the prefill's token is one)."""
         steps = self.tokens - self.accepted
         return self.tokens / steps if steps > 0 else 1.0
+
+    @property
+    def decode_tokens_per_step(self) -> float:
+        """The same over decode steps only (the prefills' tokens left out): what the
+        simulator's decode iterations advance by (it times prefills apart)."""
+        steps = self.tokens - self.accepted - self.requests
+        return (self.tokens - self.requests) / steps if steps > 0 else 1.0
+
+    def add(self, other: StepTokens) -> None:
+        self.tokens += other.tokens
+        self.accepted += other.accepted
+        self.requests += other.requests
 
 
 def k_for_batch(k: int, table: Sequence[tuple[int, int, int]] = ()) -> Callable[[int], int]:
@@ -179,8 +192,7 @@ def replay_engines(
                 if live.pos >= len(req.output):
                     running.discard(live.key)
                     tally = out[req.run][req.trajectory]
-                    tally.tokens += len(req.output)
-                    tally.accepted += live.accepted
+                    tally.add(StepTokens(len(req.output), live.accepted, 1 if req.output else 0))
                     continue
                 k = k_of_batch(len(running))
                 draft: Sequence[int] = ()
@@ -208,5 +220,5 @@ def measured(
         spec = rec.get("speculation")
         if spec:
             tokens = int(rec["tokens"]["generated"])
-            got[key(rec)] = StepTokens(tokens, int(spec["accepted_tokens"]))
+            got[key(rec)] = StepTokens(tokens, int(spec["accepted_tokens"]), int(rec["turns"]))
     return got
