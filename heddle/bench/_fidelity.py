@@ -61,6 +61,7 @@ __all__ = [
     "outside_engine_per_step",
     "pairs_agree",
     "parse_fidelity_speculation",
+    "replayed_acceptance",
     "run_fidelity",
     "simulate",
     "tokenized_scripts",
