@@ -586,8 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument(
         "--model",
         default=None,
-        help="for 'worker', 'weights', 'profile', 'fidelity': a model directory (or tiny, "
-        "smollm2)",
+        help="for 'worker', 'weights', 'profile', 'fidelity': a model directory (or tiny, smollm2)",
     )
     p_bench.add_argument(
         "--concurrency", type=int, default=32, help="for 'worker' and 'gateway' (agents)"
