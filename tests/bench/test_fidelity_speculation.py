@@ -13,6 +13,7 @@ import pytest
 from heddle.bench import (
     fidelity_cluster,
     fidelity_speculation,
+    format_fidelity,
     k_for_batch,
     parse_fidelity_speculation,
     replay_engines,
@@ -129,3 +130,29 @@ def test_the_cli_refuses_speculation_on_sim_workers_before_starting_any(
     err = capsys.readouterr().err
     assert "needs --engine vllm" in err and len(err.strip().splitlines()) == 1
     assert not (out / "logs").exists()  # no worker was started
+
+
+def test_the_table_gives_tokens_per_step_real_replayed_and_simulated() -> None:
+    row = {
+        "real_median_makespan_s": 50.0, "real_min_makespan_s": 45.0,
+        "real_max_makespan_s": 55.0, "sim_makespan_s": 52.0,
+        "sim_scripted_makespan_s": 51.0, "error": 0.04, "real_tokens_per_step": 1.17,
+        "replay_tokens_per_step": 1.15, "sim_tokens_per_step": 1.16,
+        "replay_error_median_abs": 0.03, "trajectories_compared": 36,
+    }  # fmt: skip
+    result = {
+        "workload": "w", "trajectories": 12, "workers": 2, "max_num_seqs": 4, "rounds": 3,
+        "profile": "vllm-cpu-smollm2", "policies": {"heddle": row, "verl": row},
+        "real_ranking": ["heddle", "verl"], "sim_ranking": ["heddle", "verl"],
+        "ranking_agrees": True, "within_target": True, "load_average_1m": [1.0, 2.0],
+        "session_cpu_share": 0.05, "real_outside_engine_per_step_s": 0.1,
+        "request_overhead_s": 0.05, "pairs_separated_by_real_run": 0,
+        "pairs_simulator_orders_alike": 0, "model": "/models/smollm2",
+        "speculation": {"method": "suffix", "num_speculative_tokens": 4,
+                        "by_batch_size": [[1, 2, 4], [3, 64, 2]],
+                        "acceptance": "replayed from the real run's tokens"},
+    }  # fmt: skip
+    text = format_fidelity(result)
+    assert "speculation: suffix K 1-2:4,3-64:2" in text
+    line = next(x for x in text.splitlines() if x.strip().startswith("heddle") and "1.170" in x)
+    assert "1.150" in line and "1.160" in line and "3.0%" in line
