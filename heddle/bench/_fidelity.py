@@ -13,6 +13,14 @@ the model sees. A prompt of ``n`` words becomes ``n`` tokens *plus the chat
 template's*, and so does each tool reply; the simulator is run both on the
 scripts as written and on the scripts with the token counts the real run's
 records carry (``as tokenized``), and the error is taken on the latter.
+
+With ``speculation`` the workers run that stock vLLM speculation (the real
+model: drafts on the tiny model's random text mean nothing), every run writes
+its token trace, and the simulator runs the same method and K table with each
+trajectory's tokens per decode step *replayed*: vLLM's drafter run over the
+tokens the real run generated, on the engine and beside the requests it really
+ran with (heddle/bench/_spec_replay.py). The acceptance is thus predicted from
+the text, not copied from the workers' counts, which are reported beside it.
 """
 
 from __future__ import annotations
@@ -31,21 +39,29 @@ from heddle.scheduler import (
     ClusterSpec,
     EngineProfile,
     PoolShape,
+    SpeculationConfig,
     TrajectoryScript,
     WorkloadSpec,
+    acceptance_model,
     get_policy,
     load_profile,
 )
-from heddle.scheduler.sim import SimConfig, Simulator
+from heddle.scheduler.sim import SimConfig, SimSpeculation, Simulator, heddle_speculation
+from heddle.worker import AUTO_ACCEPTANCE, Speculation
 
-from ._session import bench_engines
+from ._session import bench_engines, parse_worker_speculation
+from ._spec_replay import StepTokens, k_for_batch, replay_engines, requests_of
+from ._spec_replay import measured as measured_counts
 
 __all__ = [
     "bench_fidelity",
     "fidelity_cluster",
+    "fidelity_speculation",
     "format_fidelity",
     "outside_engine_per_step",
     "pairs_agree",
+    "parse_fidelity_speculation",
+    "replayed_acceptance",
     "run_fidelity",
     "simulate",
     "tokenized_scripts",
@@ -62,22 +78,119 @@ def fidelity_cluster(profile: EngineProfile, workers: int, batch_cap: int) -> Cl
     )  # fmt: skip
 
 
+def parse_fidelity_speculation(text: str | None, model: str | None) -> Speculation:
+    """``--speculation`` as ``bench engines`` takes it, for the stock methods a replay
+    can follow (not ``auto``, whose K table the worker picks), and only on a real model."""
+    speculation = parse_worker_speculation(text or "off")
+    if speculation.method == "auto":
+        raise ConfigError(
+            f"--speculation {text}: fidelity replays a known K, and auto's table is the "
+            "worker's choice; give METHOD:K or METHOD:TABLE, e.g. suffix:4"
+        )
+    if speculation.on and (model or "tiny") == "tiny":
+        raise ConfigError(
+            f"--speculation {text} needs a real model: the tiny model's random weights "
+            "write text no drafter predicts; add --model smollm2"
+        )
+    return speculation
+
+
+def fidelity_speculation(
+    speculation: Speculation, policy: str, replayed: Mapping[str, float]
+) -> SimSpeculation:
+    """The workers' speculation as the simulator runs it for ``policy``: the same method
+    and K (or K table), each trajectory at its ``replayed`` tokens per step; Heddle's
+    runs also take the co-location decision and seed siblings and history as the live
+    session does (rollout/_colocation.py), the baselines run stock vLLM."""
+    table = tuple((last, k) for _, last, k in speculation.by_batch_size)
+    config = SpeculationConfig(
+        speculation.method, None if table else speculation.num_speculative_tokens
+    )
+    acceptance = acceptance_model(AUTO_ACCEPTANCE)  # what the live session decides with
+    if get_policy(policy).name.startswith("heddle") and speculation.method == "suffix":
+        base = heddle_speculation(config, acceptance, k_table=False)
+    else:
+        base = SimSpeculation(config, acceptance)
+    return dataclasses.replace(base, k_by_batch_size=table, replayed=dict(replayed))
+
+
 def simulate(
     scripts: Sequence[TrajectoryScript],
     cluster: ClusterSpec,
     policies: Sequence[str],
     tool_means_s: Mapping[str, float],
+    speculation: Callable[[str], SimSpeculation | None] | None = None,
+    tokens_per_step: dict[str, float] | None = None,
 ) -> dict[str, float]:
-    """Makespan per policy on ``cluster`` (the real session's replan interval, no history)."""
+    """Makespan per policy on ``cluster`` (the real session's replan interval, no history).
+
+    ``speculation`` gives each policy's (None: plain decode); the simulator's own
+    tokens per decode step go to ``tokens_per_step`` where given.
+    """
     shape = PoolShape.of({1: cluster.gpus})
     out: dict[str, float] = {}
     for name in policies:
+        spec = speculation(name) if speculation is not None else None
         sim = Simulator(
             scripts, cluster, get_policy(name), tool_means_s=tool_means_s,
-            config=SimConfig(replan_interval_s=1.0), shape=shape,
+            config=SimConfig(replan_interval_s=1.0, speculation=spec), shape=shape,
         )  # fmt: skip
-        out[name] = sim.run().makespan_s
+        result = sim.run()
+        out[name] = result.makespan_s
+        if tokens_per_step is not None:
+            tokens_per_step[name] = float(result.speculation.get("tokens_per_step", 1.0))
     return out
+
+
+def replayed_acceptance(
+    out: Path,
+    policies: Sequence[str],
+    rounds: int,
+    scripts: Sequence[TrajectoryScript],
+    samples: int,
+    speculation: Speculation,
+) -> dict[str, dict[str, Any]]:
+    """Per policy: each trajectory's replayed tokens per step (by script id, over the
+    rounds) and the policy's replayed and measured figures (module docstring)."""
+
+    def key(line: Mapping[str, Any]) -> str:
+        return str(scripts[int(line["task_index"]) * samples + int(line["sample"])].id)
+
+    names = ["warmup"] + [f"{p}-r{r}" for r in range(rounds) for p in policies]
+    requests = [
+        req
+        for name in names
+        if (trace := out / "runs" / f"{name}.trace.jsonl").is_file()
+        for req in requests_of(name, _read_records(trace), key=key)
+    ]
+    choose = k_for_batch(speculation.num_speculative_tokens, speculation.by_batch_size)
+    replay = replay_engines(requests, speculation.method, choose)
+    result: dict[str, dict[str, Any]] = {}
+    for p in policies:
+        per_traj: dict[str, StepTokens] = {}
+        real_total, replay_total = StepTokens(), StepTokens()
+        errors: list[float] = []
+        for r in range(rounds):
+            got = replay.get(f"{p}-r{r}", {})
+            real = measured_counts(_read_records(out / "runs" / f"{p}-r{r}.jsonl"), key=key)
+            for tid, t in got.items():
+                per_traj.setdefault(tid, StepTokens()).add(t)
+                replay_total.add(t)
+                if tid in real and real[tid].tokens:
+                    errors.append(t.tokens_per_step / real[tid].tokens_per_step - 1.0)
+            for m in real.values():
+                real_total.add(m)
+        result[p] = {
+            "replayed": {tid: t.decode_tokens_per_step for tid, t in per_traj.items()},
+            "real_tokens_per_step": real_total.tokens_per_step,
+            "replay_tokens_per_step": replay_total.tokens_per_step,
+            # Per trajectory and round, replayed against measured: how well the
+            # replay predicts each trajectory, not only the policy's mean.
+            "replay_error_median_abs": statistics.median(abs(e) for e in errors)
+            if errors else float("nan"),
+            "trajectories_compared": len(errors),
+        }  # fmt: skip
+    return result
 
 
 def tokenized_scripts(
@@ -175,7 +288,8 @@ def bench_fidelity(
     progress: Callable[[str], None] = print,
     reprofile: Callable[[], EngineProfile] | None = None,
 ) -> dict[str, Any]:
-    """Real and simulated makespan per policy; see the module docstring.
+    """Real and simulated makespan per policy; see the module docstring (the workers'
+    speculation is ``options.speculation``).
 
     ``reprofile`` measures the engine again after the rounds; the simulator
     then also runs on that profile, which brackets how far the machine's
@@ -188,20 +302,31 @@ def bench_fidelity(
     real = bench_engines(
         workload=workload, policies=policies, options=options, tps=[1] * workers,
         samples=workload.samples_per_prompt, rounds=rounds, seed=seed, tool_time_scale=1.0,
-        out=out, progress=progress, perf=perf,
+        out=out, progress=progress, perf=perf, trace=options.speculation.on,
     )  # fmt: skip
     env = SyntheticEnvironment(workload, workload.prompts, workload.samples_per_prompt, seed=seed)
     scripts = list(env.scripts)
     means = {t.name: t.latency_s.median for t in workload.tools}
-    scripted = simulate(scripts, cluster, policies, means)
+    spec = options.speculation
+    accept: dict[str, dict[str, Any]] = {}
+    spec_of: Callable[[str], SimSpeculation | None] | None = None
+    if spec.on:
+        samples = workload.samples_per_prompt
+        accept = replayed_acceptance(out, policies, rounds, scripts, samples, spec)
+
+        def spec_of(p: str) -> SimSpeculation | None:
+            return fidelity_speculation(spec, p, accept[p]["replayed"])
+
+    scripted = simulate(scripts, cluster, policies, means, spec_of)
     records = _read_records(out / "runs" / f"{policies[0]}-r0.jsonl")
     as_tokenized, extra = tokenized_scripts(scripts, records, workload.samples_per_prompt)
-    simulated = simulate(as_tokenized, cluster, policies, means)
+    sim_tps: dict[str, float] = {}
+    simulated = simulate(as_tokenized, cluster, policies, means, spec_of, sim_tps)
     after: dict[str, float] = {}
     if reprofile is not None:
         later = reprofile()
         after = simulate(as_tokenized, fidelity_cluster(later, workers, options.max_num_seqs),
-                         policies, means)  # fmt: skip
+                         policies, means, spec_of)  # fmt: skip
     rows: dict[str, dict[str, float]] = {}
     for p in policies:
         measured = real["policies"][p]["median_makespan_s"]
@@ -217,6 +342,13 @@ def bench_fidelity(
         if after:
             rows[p]["sim_after_makespan_s"] = after[p]
             rows[p]["error_after"] = after[p] / measured - 1.0
+        if p in accept:
+            a = accept[p]
+            rows[p]["real_tokens_per_step"] = a["real_tokens_per_step"]
+            rows[p]["replay_tokens_per_step"] = a["replay_tokens_per_step"]
+            rows[p]["sim_tokens_per_step"] = sim_tps[p]
+            rows[p]["replay_error_median_abs"] = a["replay_error_median_abs"]
+            rows[p]["trajectories_compared"] = a["trajectories_compared"]
     real_rank = _ranking({p: r["real_median_makespan_s"] for p, r in rows.items()})
     sim_rank = _ranking(simulated)
     # One round has no spread to tell a difference from noise: no pair counts as separated.
@@ -240,6 +372,14 @@ def bench_fidelity(
             max(r["load_average_1m"] for r in every_run),
         ],
         "workers": workers,
+        "model": options.model,
+        "speculation": {
+            "method": spec.method,
+            "num_speculative_tokens": spec.num_speculative_tokens if spec.on else None,
+            "by_batch_size": [list(e) for e in spec.by_batch_size],
+            # Where the simulator's acceptance comes from (module docstring).
+            "acceptance": "replayed from the real run's tokens" if spec.on else None,
+        },
         "max_num_seqs": options.max_num_seqs,
         "kv_capacity_tokens": perf.kv_capacity_tokens(1),
         "profile": profile.name,
@@ -283,6 +423,23 @@ def format_fidelity(result: Mapping[str, Any]) -> str:
                 f"{r['error_after']:+.1%}"
             )
         lines.append(line)
+    spec = result.get("speculation") or {}
+    if spec.get("acceptance"):
+        table = ",".join(f"{a}-{b}:{k}" for a, b, k in spec["by_batch_size"])
+        lines.append(
+            f"speculation: {spec['method']} K {table or spec['num_speculative_tokens']} on "
+            f"{result['model']}; the simulator's acceptance {spec['acceptance']}"
+        )
+        lines.append(
+            f"{'policy':>10s} {'tokens per decode step: real':>29s} {'replayed':>9s}"
+            f" {'simulated':>10s} {'per-trajectory replay error (median |x|)':>41s}"
+        )
+        for p, r in result["policies"].items():
+            lines.append(
+                f"{p:>10s} {r['real_tokens_per_step']:29.3f} {r['replay_tokens_per_step']:9.3f}"
+                f" {r['sim_tokens_per_step']:10.3f} {r['replay_error_median_abs']:34.1%}"
+                f" (of {r['trajectories_compared']})"
+            )
     agree = "agrees" if result["ranking_agrees"] else "DISAGREES"
     lines.append(
         f"ranking (fastest first): real {' < '.join(result['real_ranking'])}; simulated "
@@ -321,10 +478,19 @@ def run_fidelity(args: Any, out: Path) -> dict[str, Any]:
 
     out.mkdir(parents=True, exist_ok=True)
     engine = args.engine
-    measured = str((out / "profile-vllm-cpu-tiny.json").resolve())
+    speculation = Speculation()
+    if args.target == "fidelity":  # bad input fails before any worker starts
+        speculation = parse_fidelity_speculation(args.speculation, args.model)
+        if speculation.on and engine != "vllm":
+            raise ConfigError(
+                f"--speculation {args.speculation} needs --engine vllm: the sim engine "
+                "does not draft"
+            )
+    name = f"vllm-cpu-{Path(args.model or 'tiny').name.lower()}"
+    measured = str((out / f"profile-{name}.json").resolve())
     if args.target == "profile" or (args.profile is None and engine == "vllm"):
         model = local_model_dir(args.model or "tiny", None)
-        bench_profile(model=model, repeats=max(1, args.rounds), seed=args.seed, out=out)
+        bench_profile(model=model, repeats=max(1, args.rounds), seed=args.seed, out=out, name=name)
         if args.target == "profile":
             return dict(load_profile(measured).raw)
     # The sim engine without a profile runs on the one measured when Heddle was released.
@@ -344,6 +510,7 @@ def run_fidelity(args: Any, out: Path) -> dict[str, Any]:
             encoding="utf-8",
         )
     options = LocalWorkerOptions(
+        speculation=speculation,
         engine=engine,
         model=local_model_dir(args.model or "tiny", None) if engine == "vllm" else None,
         max_model_len=4096 if engine == "vllm" else 1 << 20,
@@ -354,10 +521,10 @@ def run_fidelity(args: Any, out: Path) -> dict[str, Any]:
     policies = [p for p in (args.policies or "heddle,verl,slime").split(",") if p]
 
     def again() -> EngineProfile:
-        name = "vllm-cpu-tiny-after"
         model = local_model_dir(args.model or "tiny", None)
-        bench_profile(model=model, repeats=1, seed=args.seed + 1, out=out, name=name)
-        return load_profile(str((out / f"profile-{name}.json").resolve()))
+        after = f"{name}-after"
+        bench_profile(model=model, repeats=1, seed=args.seed + 1, out=out, name=after)
+        return load_profile(str((out / f"profile-{after}.json").resolve()))
 
     if args.reprofile and engine != "vllm":
         raise ConfigError("--reprofile measures vLLM workers; drop it with --engine sim")

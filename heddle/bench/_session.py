@@ -86,6 +86,7 @@ async def _one_run(
     perf: PerfModel | None = None,
     max_in_flight: int | None = None,
     speculation: Speculation | None = None,
+    trace: bool = False,
 ) -> tuple[SessionResult, list[float], dict[str, float]]:
     env = SyntheticEnvironment(
         workload, len(tasks), samples, seed=seed, tool_time_scale=tool_time_scale
@@ -109,6 +110,7 @@ async def _one_run(
         replan_interval_s=config.replan_interval_s,
         output_path=str(output),
         deadline_s=None,
+        output_trace=trace,  # the token trace beside the output (the fidelity bench's replay)
     )
     local = LocalJob(spec, _pool_spec(), TaskSet(tasks, []), workload, output, output.parent)
     session = build_session(
@@ -225,8 +227,12 @@ def bench_engines(
     out: Path,
     progress: Callable[[str], None] = print,
     perf: PerfModel | None = None,
+    trace: bool = False,
 ) -> dict[str, Any]:
     """A/B of ``policies`` on one set of local workers; see the module docstring.
+
+    ``trace``: every run, the warm-up too, also writes its token trace
+    (``runs/NAME.trace.jsonl``).
 
     ``perf`` is the planners' performance model (default: what ``heddle run``
     plans with on these workers: the shipped CPU profile for vLLM on the tiny
@@ -266,6 +272,7 @@ def bench_engines(
             config=SessionConfig(replan_interval_s=1.0),
             perf=perf,
             speculation=options.speculation,
+            trace=trace,
         )
         progress(f"warm-up: the workload once under {policies[0]}, unrecorded")
         for r in range(rounds):
@@ -291,6 +298,7 @@ def bench_engines(
                     config=SessionConfig(replan_interval_s=1.0),
                     perf=perf,
                     speculation=options.speculation,
+                    trace=trace,
                 )
                 p = result.progress
                 # The session's CPU and the machine's load: on a CPU testbed the session

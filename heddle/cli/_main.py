@@ -577,7 +577,8 @@ def build_parser() -> argparse.ArgumentParser:
         "speculation, else off. Where a baseline speculates, Heddle does (suffix, K by batch "
         "size, GRPO groups co-located where it pays); 'engines': the workers' stock vLLM "
         "speculation for every policy, e.g. suffix:4 or suffix:1-8:4,9-32:2,33-256:0; "
-        "docs/speculation.md",
+        "'fidelity': the same on the real workers and in the simulator (with --model "
+        "smollm2); docs/speculation.md",
     )
     p_bench.add_argument(
         "--acceptance",
@@ -590,7 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_bench.add_argument(
         "--model",
         default=None,
-        help="for 'worker', 'weights', 'profile', 'fidelity': a model directory (or tiny)",
+        help="for 'worker', 'weights', 'profile', 'fidelity': a model directory (or tiny, smollm2)",
     )
     p_bench.add_argument(
         "--concurrency", type=int, default=32, help="for 'worker' and 'gateway' (agents)"

@@ -80,6 +80,15 @@ class SimSpeculation:
       (:func:`k_by_batch_size`, what a vLLM worker takes), not per segment.
 
     Every inserted token costs its engine ``seed_s_per_token`` of loop time.
+
+    Two settings for replaying a measured run (``heddle bench fidelity``):
+
+    * ``k_by_batch_size``: the workers' own table ``((up_to_batch, K), ...)``, used
+      where ``config`` has no fixed K (instead of the table Heddle's model would pick);
+    * ``replayed``: tokens per decode step per trajectory id, from replaying the
+      drafter over that trajectory's recorded tokens (heddle/bench/_spec_replay.py).
+      A running request then advances by its own replayed figure, whatever the
+      corpus and K the acceptance model would give (it ran at the real K already).
     """
 
     config: SpeculationConfig
@@ -90,6 +99,8 @@ class SimSpeculation:
     push_interval_s: float = DRAFT_PUSH_INTERVAL_S
     seed_s_per_token: float = SEED_S_PER_TOKEN
     k_table: bool = False
+    k_by_batch_size: tuple[tuple[int, int], ...] = ()
+    replayed: Mapping[str, float] | None = None
 
     @property
     def seeds(self) -> bool:
@@ -291,10 +302,7 @@ class EngineSpeculator:
             per_seq = self.context_per_sequence or engine.running_context / max(1, batch)
             table = k_by_batch_size(self.perf, tp, per_seq, tau)
             self._tables[tp] = table
-        for up_to, k in table:
-            if batch <= up_to:
-                return k
-        return table[-1][1] if table else 0
+        return _k_at(table, batch)
 
     def __call__(self, engine: SimEngine, now: float) -> tuple[int, float]:
         config = self.spec.config
@@ -302,8 +310,11 @@ class EngineSpeculator:
             return 0, 1.0
         kinds = self._corpus(engine, now)
         batch = len(engine.running)
+        replayed = self.spec.replayed
 
         def tau(k: int) -> float:
+            if replayed is not None:
+                return sum(replayed.get(s.id, 1.0) for s in engine.running.values()) / batch
             total = 0.0
             for (siblings, history, position), n in kinds.items():
                 total += n * self._tokens_per_step(k, siblings, history, position)
@@ -311,6 +322,8 @@ class EngineSpeculator:
 
         if config.num_speculative_tokens is not None:
             k = config.num_speculative_tokens
+        elif self.spec.k_by_batch_size:
+            k = _k_at(self.spec.k_by_batch_size, batch)
         elif self.spec.k_table:
             k = self._table_k(engine, batch, tau)
         else:
@@ -318,6 +331,15 @@ class EngineSpeculator:
         self.k_steps[k] += 1
         self._last_k[engine.name] = k
         return (k, tau(k)) if k else (0, 1.0)
+
+
+def _k_at(table: Sequence[tuple[int, int]], batch: int) -> int:
+    """K for ``batch`` running sequences from ``((up_to_batch, K), ...)``; past the last
+    row, its K."""
+    for up_to, k in table:
+        if batch <= up_to:
+            return k
+    return table[-1][1] if table else 0
 
 
 def _position(traj: Trajectory) -> float:

@@ -5,6 +5,7 @@ closely; a gap here is the session's or the simulator's own error, not the profi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,9 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from heddle.bench import outside_engine_per_step, pairs_agree, tokenized_scripts
-from heddle.rollout import load_workload
+from heddle.bench import (
+    bench_engines,
+    outside_engine_per_step,
+    pairs_agree,
+    replayed_acceptance,
+    tokenized_scripts,
+)
+from heddle.rollout import LocalWorkerOptions, load_workload
 from heddle.scheduler import generate
+from heddle.worker import Speculation
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow  # real worker processes, about 30 s
 
@@ -75,3 +85,33 @@ def test_outside_the_engine_core_uses_engine_s_and_the_mean_weighs_steps() -> No
     assert outside_engine_per_step(records) == pytest.approx((0.25 + 0.2) / 2)
     assert outside_engine_per_step(records, mean=True) == pytest.approx((0.5 + 0.8) / 6)
     assert outside_engine_per_step([]) == 0.0
+
+
+def test_the_replay_reads_every_runs_token_trace_keyed_by_script(tmp_path: Path) -> None:
+    # The sim engine does not draft, but its runs write the token traces the replay
+    # reads: every run, the warm-up included, and every trajectory under its script's id.
+    workload = dataclasses.replace(
+        load_workload(str(ROOT / "examples/speculation/engines-tail-small.yaml")), prompts=1
+    )
+    options = LocalWorkerOptions(
+        engine="sim", max_model_len=1 << 20, max_num_seqs=4, time_scale=0.0,
+        log_dir=tmp_path / "logs",
+    )  # fmt: skip
+    bench_engines(
+        workload=workload, policies=["verl"], options=options, tps=[1, 1], samples=4,
+        rounds=1, seed=0, tool_time_scale=0.0, out=tmp_path, progress=lambda _: None,
+    )  # fmt: skip
+    assert not (tmp_path / "runs" / "verl-r0.trace.jsonl").exists()  # only when asked
+    bench_engines(
+        workload=workload, policies=["verl"], options=options, tps=[1, 1], samples=4,
+        rounds=1, seed=0, tool_time_scale=0.0, out=tmp_path, progress=lambda _: None,
+        trace=True,
+    )  # fmt: skip
+    assert (tmp_path / "runs" / "warmup.trace.jsonl").is_file()
+    scripts = generate(workload, 0)
+    got = replayed_acceptance(tmp_path, ["verl"], 1, scripts, 4, Speculation.of("suffix", 4))
+    verl = got["verl"]
+    assert set(verl["replayed"]) == {s.id for s in scripts}
+    assert all(tau >= 1.0 for tau in verl["replayed"].values())
+    # The sim workers count no drafts: nothing measured to compare the replay with.
+    assert verl["real_tokens_per_step"] == 1.0 and verl["trajectories_compared"] == 0
