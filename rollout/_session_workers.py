@@ -43,6 +43,7 @@ class SessionWorkers(SessionState):
     _worker_seen: float
     _worker_failures: int
     _replan_now: asyncio.Event  # set when a worker joins or drains: re-plan at once
+    _worker_live: asyncio.Event  # set when a worker starts taking steps: routing waits on it
 
     # -- pool changes (the operator calls these as pods come and go) ---------------------
     def add_worker(self, endpoint: WorkerEndpoint) -> None:
@@ -58,6 +59,7 @@ class SessionWorkers(SessionState):
 
     def _serves_weights(self, name: str) -> None:
         self._live.add(name)
+        self._worker_live.set()  # steps waiting for a worker (a push's load) go at once
         self._worker_seen = time.monotonic()  # the no-worker timeout counts from here
         self._replan_now.set()  # place the waiting trajectories on it
 
@@ -65,6 +67,7 @@ class SessionWorkers(SessionState):
         """Let a worker take steps, once it has loaded the job's weights."""
         if self.weights.spec is None:
             self._live.add(name)
+            self._worker_live.set()
         else:
             self.weights.request(name)
 
