@@ -90,9 +90,11 @@ class SessionWorkers(SessionState):
     async def _purge_workers(self) -> None:
         """Ask every worker to drop this job's resident contexts; a worker that does not
         answer in time keeps them until its idle TTL (docs/worker-api.md)."""
-        calls = [client.purge(self.job) for client in self._probes.values()]
+        # The workers now: one may join (add_worker) while the purges are under way.
+        names = list(self._probes)
+        calls = [self._probes[name].purge(self.job) for name in names]
         results = await asyncio.gather(*calls, return_exceptions=True)
-        for name, result in zip(self._probes, results, strict=True):
+        for name, result in zip(names, results, strict=True):
             if isinstance(result, Exception):
                 log.info("%s: worker %s did not purge the job's contexts (%s)",
                          self.job, name, result)  # fmt: skip
