@@ -221,10 +221,11 @@ class GroupStream:
 
     def release(self) -> None:
         """The trainer takes no more: every group is written as it completes (carried-over
-        ones included), so the session can end."""
+        ones included), so the session can end. Those complete now go out in take order,
+        as the trainer would have taken them (oldest version first under ``version_age``)."""
         self.followed = False
-        while self._complete:
-            self._take(self._complete[0])
+        for index in self._take_order(len(self._complete)):
+            self._take(index)
 
     async def admitted(self, task_index: int) -> None:
         """Until ``task_index``'s group may start (over-sampling window)."""

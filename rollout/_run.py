@@ -11,7 +11,6 @@ random-weight model that ``heddle model tiny`` writes (generated once into
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -428,6 +427,7 @@ async def run_local(
     served: Gateway | None = None
     trainer_api: TrainerServer | None = None
     session_ended = False
+    interrupted = False  # a cancel (Ctrl-C) during the lingers below: cut them, then go on
     try:
         workers = await pool.start()
         environment = build_environment(local)
@@ -458,13 +458,17 @@ async def run_local(
         sink.close()  # the session closed it already unless it never ran
         if trainer_api is not None:  # after a clean end, until the trainer heard it
             linger_s = END_LINGER_S if session_ended else 0.0
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(trainer_api.stop(linger_s))
+            try:  # a cancel cuts the linger; the server stops before stop() passes it on
+                await trainer_api.stop(linger_s)
+            except asyncio.CancelledError:
+                interrupted = True
             trainer_file(local.output).unlink(missing_ok=True)
         if served is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                if session_ended:  # not on Ctrl-C or an error: then it goes at once
+            if session_ended and not interrupted:  # on Ctrl-C or an error it goes at once
+                try:
                     await asyncio.sleep((gateway or GatewayOptions()).linger_s)
+                except asyncio.CancelledError:
+                    interrupted = True
             await asyncio.shield(served.stop())
             gateway_file(local.output).unlink(missing_ok=True)  # an agent never finds a stale one
         await asyncio.shield(pool.stop())
@@ -474,6 +478,8 @@ async def run_local(
         summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     except OSError as exc:
         raise OutputError(f"cannot write the summary {summary_path}: {exc.strerror}") from exc
+    if interrupted:  # the run had ended and its summary is written; the cancel goes on
+        raise asyncio.CancelledError
     return summary, result
 
 

@@ -188,6 +188,7 @@ class RolloutSession(SessionLoop, SessionReplan, SessionProgress):
         self._connected = False
         self._moving: set[str] = set()
         self._replan_now = asyncio.Event()
+        self._worker_live = asyncio.Event()
         self._rate = TokenRate()
         self._tokens = 0
         self._resumed = 0

@@ -7,12 +7,15 @@ the placement policy picks a worker; a worker that does not hold the context
 gets it by import (recompute from the session's token history). Every retry
 of a step backs off (doubling); a step that keeps failing on ready workers
 fails its trajectory, and so does a step the worker rejects (4xx: the request
-is at fault).
+is at fault). A step a worker refused or aborted because the session had it
+load weights (503 during a push) is neither: it goes at once to a worker that
+serves the weights, or waits until one does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Mapping
 
@@ -42,6 +45,7 @@ class SessionLoop(SessionWeights):
     _recomputes: int
     _promotions: int
     _last_priority: dict[str, int]
+    _worker_live: asyncio.Event  # set when a worker starts taking steps (its weights loaded)
 
     @property
     def steps(self) -> int:
@@ -189,6 +193,7 @@ class SessionLoop(SessionWeights):
             if run.moving is not None:
                 await asyncio.shield(run.moving)
             name = await self._route(run)
+            pushes = self._pushes  # a push from here on may have the worker refuse the step
             self._load[name] += 1
             step = asyncio.create_task(self._attempt(run, name, sampling))
             step.add_done_callback(_retrieved)
@@ -207,6 +212,13 @@ class SessionLoop(SessionWeights):
             except WorkerUnavailableError as exc:
                 run.resident = None  # the worker may hold half a step: rebuild the context
                 run.retries += 1
+                if exc.status == 503 and (self._pushes != pushes or self.weights.loading(name)):
+                    # This session had the worker load weights, so it refused or aborted the
+                    # step for the load: not the step's failure, and no blind back-off. The
+                    # worker left the view at the push, so the step goes to one that serves
+                    # the new weights, or waits in _route until the first one does.
+                    log.debug("%s: %s loads weights; step of %s goes on", self.job, name, traj.id)
+                    continue
                 if exc.status == 401:
                     # Its /readyz is open, so it would look healthy: keep it down until the
                     # pool hands over its endpoint again (a new pod, a new token).
@@ -304,7 +316,10 @@ class SessionLoop(SessionWeights):
                     f"{self.config.no_worker_timeout_s:.0f} s; unfinished trajectories stay "
                     "out of the output and run when the session starts again"
                 )
-            await asyncio.sleep(self.config.health_interval_s / 2)
+            # Until a worker takes steps again (a push's load ends): at once, not on a poll.
+            self._worker_live.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._worker_live.wait(), self.config.health_interval_s / 2)
 
 
 def step_seed(seed: int, task_index: int, sample: int, turn: int) -> int:

@@ -43,6 +43,7 @@ class SessionWorkers(SessionState):
     _worker_seen: float
     _worker_failures: int
     _replan_now: asyncio.Event  # set when a worker joins or drains: re-plan at once
+    _worker_live: asyncio.Event  # set when a worker starts taking steps: routing waits on it
 
     # -- pool changes (the operator calls these as pods come and go) ---------------------
     def add_worker(self, endpoint: WorkerEndpoint) -> None:
@@ -58,6 +59,7 @@ class SessionWorkers(SessionState):
 
     def _serves_weights(self, name: str) -> None:
         self._live.add(name)
+        self._worker_live.set()  # steps waiting for a worker (a push's load) go at once
         self._worker_seen = time.monotonic()  # the no-worker timeout counts from here
         self._replan_now.set()  # place the waiting trajectories on it
 
@@ -65,6 +67,7 @@ class SessionWorkers(SessionState):
         """Let a worker take steps, once it has loaded the job's weights."""
         if self.weights.spec is None:
             self._live.add(name)
+            self._worker_live.set()
         else:
             self.weights.request(name)
 
@@ -87,9 +90,11 @@ class SessionWorkers(SessionState):
     async def _purge_workers(self) -> None:
         """Ask every worker to drop this job's resident contexts; a worker that does not
         answer in time keeps them until its idle TTL (docs/worker-api.md)."""
-        calls = [client.purge(self.job) for client in self._probes.values()]
+        # The workers now: one may join (add_worker) while the purges are under way.
+        names = list(self._probes)
+        calls = [self._probes[name].purge(self.job) for name in names]
         results = await asyncio.gather(*calls, return_exceptions=True)
-        for name, result in zip(self._probes, results, strict=True):
+        for name, result in zip(names, results, strict=True):
             if isinstance(result, Exception):
                 log.info("%s: worker %s did not purge the job's contexts (%s)",
                          self.job, name, result)  # fmt: skip

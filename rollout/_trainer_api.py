@@ -191,9 +191,12 @@ class TrainerServer:
 
     async def stop(self, linger_s: float = 0.0) -> None:
         """Stop serving; with ``linger_s``, first until a trainer was told the stream ended
-        (at most that long)."""
-        if linger_s > 0 and self._task is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.told_end.wait(), linger_s)
-        task, self._task = self._task, None
-        await stop_served(self._server, task)
+        (at most that long). A cancel (Ctrl-C) cuts the linger: the server still stops
+        cleanly before the cancel goes on."""
+        try:
+            if linger_s > 0 and self._task is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.told_end.wait(), linger_s)
+        finally:
+            task, self._task = self._task, None
+            await asyncio.shield(stop_served(self._server, task))

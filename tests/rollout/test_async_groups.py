@@ -243,12 +243,12 @@ def test_over_sample_needs_a_quota_and_both_are_parsed() -> None:
         RolloutJobSpec.from_manifest(_with(JOB, "spec.asynchrony", {"groupsPerIteration": 0}))
 
 
-def _serve_run(tmp_path: Path) -> tuple[Any, str, str]:
-    """`heddle run --trainer-port 0` on sim workers in another process: (proc, url, token)."""
-    import subprocess
-    import sys
+SYNTHETIC = Path(__file__).resolve().parents[2] / "examples" / "synthetic"
 
-    synthetic = Path(__file__).resolve().parents[2] / "examples" / "synthetic"
+
+def _trainer_job(tmp_path: Path) -> Path:
+    """A quota job (16 tasks x 2 samples, batches of 4) on the synthetic example's workload."""
+    synthetic = SYNTHETIC
     (tmp_path / "job.yaml").write_text(
         "apiVersion: heddle.dev/v1alpha1\nkind: RolloutJob\nmetadata: {name: run-trainer}\n"
         "spec:\n  enginePool: tiny\n  samplesPerTask: 2\n"
@@ -257,8 +257,16 @@ def _serve_run(tmp_path: Path) -> tuple[Any, str, str]:
         "  asynchrony: {groupsPerIteration: 4, overSample: 0.5}\n"
         "  output: {path: out.jsonl}\n"
     )
-    cmd = [sys.executable, "-m", "heddle", "run", str(tmp_path / "job.yaml"), "--pool",
-           str(synthetic / "pool.yaml"), "--engine", "sim", "--time-scale", "0.05", "--quiet",
+    return tmp_path / "job.yaml"
+
+
+def _serve_run(tmp_path: Path) -> tuple[Any, str, str]:
+    """`heddle run --trainer-port 0` on sim workers in another process: (proc, url, token)."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "heddle", "run", str(_trainer_job(tmp_path)), "--pool",
+           str(SYNTHETIC / "pool.yaml"), "--engine", "sim", "--time-scale", "0.05", "--quiet",
            "--trainer-port", "0"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -323,3 +331,54 @@ def test_the_trainer_api_serves_on_until_a_trainer_heard_the_end(tmp_path: Path)
     assert len(keys) == 16 * 2 == len(set(keys))
     taken = [g["task_id"] for g in first["groups"] for _ in range(2)]
     assert [r["task_id"] for r in records[:8]] == taken
+
+
+def test_a_cancel_during_the_trainer_linger_stops_the_api_at_once(tmp_path: Path) -> None:
+    """Ctrl-C while the run, ended, waits for a trainer to hear it: the trainer API stops
+    serving at once (not up to END_LINGER_S later, detached), and the cancel goes on."""
+    import time
+
+    import httpx
+
+    from heddle.client import TrainerClient
+    from heddle.rollout import GatewayOptions, prepare_job, run_local, worker_options
+    from heddle.rollout._trainer_api import END_LINGER_S
+
+    local = prepare_job(_trainer_job(tmp_path), SYNTHETIC / "pool.yaml", None)
+    where: list[tuple[str, str]] = []
+
+    async def main() -> float:
+        run = asyncio.create_task(
+            run_local(
+                local,
+                worker_options(local, "sim", time_scale=0.05),
+                trainer=GatewayOptions(),
+                on_trainer=lambda url, token: where.append((url, token)),
+            )
+        )
+        while not where:
+            await asyncio.sleep(0.05)
+        url, token = where[0]
+        async with TrainerClient(url, token=token, poll_s=5.0) as client:
+            assert await client.next_batch() is not None
+            await client.release()  # the rest is written as it completes
+            while not (await client.state())["closed"]:  # the run ended: the linger begins
+                await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)
+        assert not run.done()  # lingering: no trainer was told the end
+        cancelled = time.monotonic()
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        took = time.monotonic() - cancelled
+        async with httpx.AsyncClient() as http:  # the port no longer answers
+            with pytest.raises(httpx.TransportError):
+                await http.get(f"{url}/v1/stream", headers={"authorization": f"Bearer {token}"})
+        return took
+
+    took = asyncio.run(main())
+    assert took < 10.0 < END_LINGER_S
+    assert not (tmp_path / "out.jsonl.trainer.json").exists()
+    assert (tmp_path / "out.jsonl.summary.json").exists()  # the run had ended: summarised
+    keys = [(r["task_id"], r["sample"]) for r in read_records(tmp_path / "out.jsonl")]
+    assert len(keys) == 16 * 2 == len(set(keys))

@@ -8,6 +8,8 @@ The session runs on real ``heddle worker --engine sim`` processes over HTTP.
 from __future__ import annotations
 
 import asyncio
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ from heddle.worker import WorkerEndpoint
 
 from .._rollout_fixtures import read_records
 from ..worker.test_weights import fake_checkpoint
-from .test_session import _session, _synthetic
+from .test_session import FAST, _session, _synthetic
 from .test_weights import _versions
 
 # Starts sim worker processes for the module: not the inner loop (README).
@@ -67,6 +69,42 @@ def test_weights_pushed_mid_rollout_change_later_steps_only(
         crossed += len(set(versions)) > 1
     assert crossed > 0, "no trajectory ran across a weight push"
     assert {s["weight_version"] for r in records for s in r["segments"]} == {"1", "2", "3"}
+    assert _versions(workers) == ["3", "3"]
+
+
+def test_a_step_a_worker_refused_for_a_load_waits_for_it_and_is_no_failure(
+    sim_pool: tuple[LocalPool, list[WorkerEndpoint]], tmp_path: Path
+) -> None:
+    """Two steps in flight per worker, the rest queued in the session: after a push the
+    first to finish lets a queued one go to a worker still settling for its load, which
+    refuses it (503, loading). That is the session's own push, not the step's failure
+    (here one failure would fail the trajectory), and the step is sent again once a worker
+    serves the new weights, not after a back-off (here 5 s, doubling)."""
+    _, workers = sim_pool
+    v1, v2, v3 = (WeightsSpec(fake_checkpoint(tmp_path / f"step-{n}"), str(n)) for n in (1, 2, 3))
+    tasks, env = _synthetic(8, 4, tool_scale=0.5)
+    out = tmp_path / "out.jsonl"
+    config = replace(FAST, max_inflight_per_worker=2, max_step_retries=0, retry_backoff_s=5.0)
+    session = _session(workers, out, tasks, env, 4, weights=v1, config=config)
+
+    async def go() -> float:
+        run = asyncio.create_task(session.run())
+        for n, spec in enumerate((v2, v3), start=1):
+            while session._steps < 30 * n and not run.done():
+                await asyncio.sleep(0.02)
+            session.push_weights(spec)
+        started = time.monotonic()
+        await run
+        return time.monotonic() - started
+
+    took = asyncio.run(go())
+    records = read_records(out)
+    assert len({(r["task_id"], r["sample"]) for r in records}) == 32
+    assert {r["status"] for r in records} == {"done"}, {r["error"] for r in records}
+    # Steps were refused for the loads (else this test shows nothing) ...
+    assert sum(run.retries for run in session.runs.values()) > 0
+    # ... and none waited out a back-off: one 5 s wait per refused step would show.
+    assert took < 5.0 * sum(run.retries for run in session.runs.values())
     assert _versions(workers) == ["3", "3"]
 
 

@@ -197,3 +197,27 @@ def test_the_live_stream_takes_what_the_simulator_takes(policy: str, quota: int 
         assert [g.staleness for g in live[0]] == [PUSHES, PUSHES, PUSHES - 1]
     else:
         assert simulated == [[2, 0, 5], [1], [4, 3, 6], [7]]  # completion order
+
+
+@pytest.mark.parametrize("policy", ["heddle", "slime"])
+def test_a_release_writes_the_complete_groups_in_take_order(policy: str) -> None:
+    """A trainer that releases the stream with groups complete and untaken: the held records
+    go out in the order it would have taken them (oldest version first under ``heddle``,
+    completion order under the baselines), not in completion order for every policy."""
+
+    async def release() -> list[int]:
+        stream, written = _stream(policy, 3)
+        for group, firsts in FINISHED:
+            for s, first in enumerate(firsts):
+                assert stream.finished(_run(group, s, first)) is not None
+        assert not written  # held: a quota is set and no group was taken
+        stream.release()
+        assert stream.ended
+        return [int(r["task_index"]) for r in written[::SAMPLES]]
+
+    order = asyncio.run(release())
+    if policy == "heddle":
+        # Version 0 (5, 4, 7), then 1 (2, 1, 6), then 2 (0, 3); completion order among equals.
+        assert order == [5, 4, 7, 2, 1, 6, 0, 3]
+    else:
+        assert order == [g for g, _ in FINISHED]
