@@ -102,6 +102,22 @@ def free_port(host: str = "127.0.0.1") -> int:
 PORT_TRIES = 3
 
 
+def _times(tries: int) -> str:
+    return "once" if tries == 1 else f"{tries} times in a row"
+
+
+def _popen(command: list[str], log: IO[bytes], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """One worker process, in its own session, that dies with this one."""
+    return subprocess.Popen(
+        command,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+        preexec_fn=die_with_parent,  # noqa: PLW1509 - no threads fork-unsafe here
+    )
+
+
 @dataclass
 class _Proc:
     endpoint: WorkerEndpoint
@@ -162,16 +178,8 @@ class LocalPool:
         o.log_dir.mkdir(parents=True, exist_ok=True)
         log = (o.log_dir / f"{name}.log").open("ab")
         command = self._command(tp, port)
-        process = subprocess.Popen(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            preexec_fn=die_with_parent,  # noqa: PLW1509 - no threads fork-unsafe here
-        )
         endpoint = WorkerEndpoint(name, f"http://{o.host}:{port}", tp, self.token)
-        return _Proc(endpoint, process, log, command, env)
+        return _Proc(endpoint, _popen(command, log, env), log, command, env)
 
     async def start(self) -> list[WorkerEndpoint]:
         """Start every worker and wait until all are ready (or fail with their log's tail)."""
@@ -199,7 +207,7 @@ class LocalPool:
                 self.procs[name].log.close()
                 self.procs[name] = self._spawn(name, tp, cores)
 
-    async def _wait_ready(self, proc: _Proc) -> None:
+    async def _wait_ready(self, proc: _Proc, tries: int = PORT_TRIES) -> None:
         deadline = time.monotonic() + self.options.startup_timeout_s
         async with httpx.AsyncClient() as http:
             while time.monotonic() < deadline:
@@ -207,7 +215,7 @@ class LocalPool:
                     if proc.process.returncode == AddressInUseError.exit_code:
                         raise AddressInUseError(
                             f"local worker {proc.endpoint.name} found its port taken "
-                            f"{PORT_TRIES} times in a row: {self.cause(proc)} "
+                            f"{_times(tries)}: {self.cause(proc)} "
                             f"(its log: {self.log_path(proc)})"
                         )
                     raise HeddleError(
@@ -255,15 +263,10 @@ class LocalPool:
         old = self.procs[name]
         with contextlib.suppress(ProcessLookupError):
             old.process.wait(timeout=10)
-        process = subprocess.Popen(
-            old.command,
-            stdout=old.log,
-            stderr=subprocess.STDOUT,
-            env=old.env,
-            start_new_session=True,
-        )
+        process = _popen(old.command, old.log, old.env)
         self.procs[name] = _Proc(old.endpoint, process, old.log, old.command, old.env)
-        await self._wait_ready(self.procs[name])
+        # The same address, so no retry on another port: the session knows this one.
+        await self._wait_ready(self.procs[name], tries=1)
 
     async def stop(self) -> None:
         """SIGTERM every worker, SIGKILL what is left after the grace period."""

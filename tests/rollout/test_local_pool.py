@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +16,7 @@ import pytest
 
 from heddle.rollout import LocalPool, LocalWorkerOptions
 
-pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # real worker processes
+pytestmark = pytest.mark.slow  # real worker processes
 
 
 @pytest.fixture
@@ -36,6 +41,7 @@ class _PortTakenFirst(LocalPool):
         return port
 
 
+@pytest.mark.anyio
 async def test_a_worker_whose_port_was_taken_starts_again_on_another(tmp_path: Path) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
@@ -53,3 +59,53 @@ async def test_a_worker_whose_port_was_taken_starts_again_on_another(tmp_path: P
     assert ready.status_code == 200
     log = (tmp_path / "worker-0-tp1.log").read_text(encoding="utf-8")
     assert f"cannot listen on 127.0.0.1:{held}: the address is in use" in log
+
+
+_RESTART_THEN_WAIT = """
+import asyncio, sys
+from pathlib import Path
+from heddle.rollout import LocalPool, LocalWorkerOptions
+
+async def main() -> None:
+    pool = LocalPool([1], LocalWorkerOptions(engine="sim", log_dir=Path(sys.argv[1])))
+    await pool.start()
+    name = next(iter(pool.procs))
+    pool.kill(name)
+    await pool.restart(name)
+    print(pool.procs[name].process.pid, flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie left for a reaper."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text(encoding="utf-8")
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_restarted_worker_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    # `heddle run` killed (even by SIGKILL) must not leave a worker it restarted behind.
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _RESTART_THEN_WAIT, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert parent.stdout is not None
+        worker = int(parent.stdout.readline())
+        assert _alive(worker)
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 20
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(worker):
+        os.kill(worker, signal.SIGKILL)
+        pytest.fail(f"the restarted worker {worker} outlived the process that started it")
