@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from heddle import __version__
-from heddle.exceptions import HeddleError
+from heddle.exceptions import HeddleError, HttpError
 from heddle.worker import add_worker_arguments
 
 from ._export import add_export_parser
@@ -713,22 +713,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def error_line(exc: BaseException) -> tuple[str, int]:
+    """What ``heddle`` prints for an error that ended a command, and its exit status.
+
+    Every failure is one sentence on stderr, never a traceback.
+    """
+    if isinstance(exc, KeyboardInterrupt):
+        return "heddle: interrupted", 130
+    if isinstance(exc, HeddleError):
+        return f"heddle: error: {exc}", int(getattr(exc, "exit_code", 2))
+    if isinstance(exc, HttpError):  # a worker or API that stopped answering mid-command
+        return (
+            f"heddle: error: {exc} (a worker or API stopped answering: its log says why; "
+            "`heddle doctor` checks the setup)",
+            1,
+        )
+    if isinstance(exc, OSError):  # not Heddle's own (a full disk, a bad path)
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"heddle: error: {exc.strerror or type(exc).__name__}{where}", 2
+    raise exc
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)
-    except HeddleError as exc:
-        print(f"heddle: error: {exc}", file=sys.stderr)
-        return int(getattr(exc, "exit_code", 2))
-    except OSError as exc:  # not Heddle's own (a full disk, a bad path): one sentence, no traceback
-        where = f" ({exc.filename})" if exc.filename else ""
-        print(f"heddle: error: {exc.strerror or type(exc).__name__}{where}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("heddle: interrupted", file=sys.stderr)
-        return 130
+    except (HeddleError, HttpError, OSError, KeyboardInterrupt) as exc:
+        line, code = error_line(exc)
+        print(line, file=sys.stderr)
     return code
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

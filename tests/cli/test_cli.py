@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from heddle import __version__
-from heddle.cli._main import main
+from heddle.cli._main import error_line, main
+from heddle.exceptions import AddressInUseError, HttpTimeoutError
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -270,3 +271,24 @@ def test_bench_iterations_writes_trained_samples_and_length_bias(
 def test_bench_iterations_refuses_an_unknown_policy(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--iterations", "2", "--policies", "verl,fast"]) == 2
     assert "unknown policy 'fast' for --iterations" in capsys.readouterr().err
+
+
+def test_a_worker_that_stops_answering_mid_command_is_one_sentence_not_a_traceback() -> None:
+    # `heddle bench profile` once ended in a traceback when a worker's reply never came.
+    line, code = error_line(
+        HttpTimeoutError("POST /v1/trajectories/p-1/generate: no answer within 600 s")
+    )
+    assert code == 1
+    assert line.startswith(
+        "heddle: error: POST /v1/trajectories/p-1/generate: no answer within 600 s"
+    )
+    assert "\n" not in line and "its log says why" in line
+    assert error_line(AddressInUseError("port 8000 is taken")) == (
+        "heddle: error: port 8000 is taken",
+        AddressInUseError.exit_code,
+    )
+    assert error_line(FileNotFoundError(2, "No such file or directory", "x.yaml")) == (
+        "heddle: error: No such file or directory (x.yaml)",
+        2,
+    )
+    assert error_line(KeyboardInterrupt()) == ("heddle: interrupted", 130)
