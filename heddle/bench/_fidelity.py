@@ -474,8 +474,9 @@ def run_fidelity(args: Any, out: Path) -> dict[str, Any]:
         local_model_dir,
     )
 
-    from ._profile import bench_profile  # noqa: PLC0415
+    from ._profile import bench_profile, profile_grid  # noqa: PLC0415
 
+    grid = profile_grid(args.max_num_seqs, args.profile_contexts, args.profile_prefills)
     out.mkdir(parents=True, exist_ok=True)
     engine = args.engine
     speculation = Speculation()
@@ -490,7 +491,9 @@ def run_fidelity(args: Any, out: Path) -> dict[str, Any]:
     measured = str((out / f"profile-{name}.json").resolve())
     if args.target == "profile" or (args.profile is None and engine == "vllm"):
         model = local_model_dir(args.model or "tiny", None)
-        bench_profile(model=model, repeats=max(1, args.rounds), seed=args.seed, out=out, name=name)
+        bench_profile(
+            model=model, repeats=max(1, args.rounds), seed=args.seed, out=out, name=name, **grid
+        )
         if args.target == "profile":
             return dict(load_profile(measured).raw)
     # The sim engine without a profile runs on the one measured when Heddle was released.
@@ -523,7 +526,7 @@ def run_fidelity(args: Any, out: Path) -> dict[str, Any]:
     def again() -> EngineProfile:
         model = local_model_dir(args.model or "tiny", None)
         after = f"{name}-after"
-        bench_profile(model=model, repeats=1, seed=args.seed + 1, out=out, name=after)
+        bench_profile(model=model, repeats=1, seed=args.seed + 1, out=out, name=after, **grid)
         return load_profile(str((out / f"profile-{after}.json").resolve()))
 
     if args.reprofile and engine != "vllm":

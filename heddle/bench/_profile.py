@@ -47,7 +47,14 @@ from heddle.rollout import LocalPool, LocalWorkerOptions
 from heddle.scheduler import PROFILE_FORMAT, DecodeFit, PrefillFit, fit_decode, fit_prefill
 from heddle.worker import HttpError, HttpPool, WorkerEndpoint, _json
 
-__all__ = ["DEFAULT_BATCHES", "DEFAULT_CONTEXTS", "bench_profile", "model_spec_of"]
+__all__ = [
+    "DEFAULT_BATCHES",
+    "DEFAULT_CONTEXTS",
+    "DEFAULT_PREFILLS",
+    "bench_profile",
+    "model_spec_of",
+    "profile_grid",
+]
 
 DEFAULT_BATCHES = (1, 2, 4, 8)
 DEFAULT_CONTEXTS = (64, 1024, 3000)
@@ -58,6 +65,38 @@ _ROLLOUT_PROMPT_WORDS = 100
 _ROLLOUT_TOOL_WORDS = 50
 _ROLLOUT_OUTPUT_TOKENS = (16, 160)  # per turn, uniform
 _ROLLOUT_TOOL_S = (0.1, 0.7)  # tool gap, uniform (the fidelity workload's ~0.4 s)
+
+
+def profile_grid(
+    max_num_seqs: int, contexts: str | None, prefills: str | None
+) -> dict[str, tuple[int, ...]]:
+    """``bench_profile``'s grid from the CLI: batches in powers of two up to the batch cap.
+
+    A real model profiles slower than the tiny one (SmolLM2 prefills about 50
+    tokens/s on a loaded 2-core host), so the contexts and prefills can be cut to
+    what the workload reaches; the defaults are the shipped profile's.
+    """
+    if max_num_seqs < 1:
+        raise ConfigError(f"--max-num-seqs {max_num_seqs}: write a whole number from 1, e.g. 8")
+    batches = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b < max_num_seqs)
+    grid = {"batches": (*batches, max_num_seqs)}
+    for key, text, default in (
+        ("contexts", contexts, DEFAULT_CONTEXTS),
+        ("prefills", prefills, DEFAULT_PREFILLS),
+    ):
+        try:
+            values = tuple(int(v) for v in text.split(",")) if text else default
+        except ValueError:
+            values = ()
+        if not values or min(values) < 1:
+            raise ConfigError(
+                f"--profile-{key} {text!r}: write token counts from 1, comma-separated, "
+                f"e.g. {','.join(map(str, default))}"
+            )
+        grid[key] = tuple(sorted(set(values)))
+    return grid
+
+
 _FILLER = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "seven", "wizards")
 
 

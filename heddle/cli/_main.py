@@ -654,7 +654,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-num-seqs",
         type=int,
         default=8,
-        help="for 'engines': vLLM batch cap per worker (below the concurrency: steps queue)",
+        help="for 'engines', 'fidelity': vLLM batch cap per worker (below the concurrency: "
+        "steps queue); 'profile', 'fidelity': the profile's batches are 1, 2, 4, ... up to it",
+    )
+    p_bench.add_argument(
+        "--profile-contexts",
+        default=None,
+        help="for 'profile', 'fidelity': the contexts (tokens) the decode step is timed at, "
+        "e.g. 64,1024,3000 (the default); fewer and shorter profile a slow model sooner",
+    )
+    p_bench.add_argument(
+        "--profile-prefills",
+        default=None,
+        help="for 'profile', 'fidelity': the prompt lengths (tokens) the prefill is timed at, "
+        "e.g. 32,256,1024,2048,3500 (the default)",
     )
     p_bench.add_argument("--workers", type=int, default=2, help="for 'control-loop'")
     p_bench.add_argument(

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from heddle.bench._profile import _overhead_summary, rollout_scales
+from heddle.bench._profile import (
+    DEFAULT_BATCHES,
+    DEFAULT_CONTEXTS,
+    DEFAULT_PREFILLS,
+    _overhead_summary,
+    profile_grid,
+    rollout_scales,
+)
+from heddle.exceptions import ConfigError
 from heddle.scheduler import DecodeFit, PrefillFit
 
 
@@ -43,3 +53,29 @@ def test_the_overhead_summary_takes_the_mean_and_says_where_it_went() -> None:
     assert summary["isolated_median_s"] == pytest.approx(0.03)
     assert summary["rollout_parts_mean_s"]["http_s"] == pytest.approx(0.05)
     assert summary["rollout_steps"] == 3 and summary["rollout_trajectories_per_worker"] == 32
+
+
+def test_the_grid_times_batches_up_to_the_cap_and_the_contexts_asked_for() -> None:
+    assert profile_grid(8, None, None) == {
+        "batches": DEFAULT_BATCHES,
+        "contexts": DEFAULT_CONTEXTS,
+        "prefills": DEFAULT_PREFILLS,
+    }
+    grid = profile_grid(6, "1024,64,512,64", "32,256")
+    assert grid == {"batches": (1, 2, 4, 6), "contexts": (64, 512, 1024), "prefills": (32, 256)}
+    assert profile_grid(1, None, None)["batches"] == (1,)
+
+
+@pytest.mark.parametrize(
+    ("cap", "contexts", "prefills", "says"),
+    [
+        (0, None, None, "--max-num-seqs 0: write a whole number from 1"),
+        (4, "64,lots", None, "--profile-contexts '64,lots': write token counts from 1"),
+        (4, None, "0,32", "--profile-prefills '0,32': write token counts from 1"),
+    ],
+)
+def test_a_bad_grid_is_one_sentence_before_any_worker_starts(
+    cap: int, contexts: str | None, prefills: str | None, says: str
+) -> None:
+    with pytest.raises(ConfigError, match="^" + re.escape(says)):
+        profile_grid(cap, contexts, prefills)
