@@ -76,7 +76,7 @@ class RetryableError(Exception):
 
 def retry_delay_s(attempt: int) -> float:
     """The wait before retry ``attempt`` (1, 2, ...): 0.2 s doubling, at most 5 s."""
-    return min(5.0, 0.2 * 2 ** (attempt - 1))
+    return min(5.0, 0.2 * 2.0 ** (attempt - 1))
 
 
 async def post_json(
