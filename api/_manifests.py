@@ -43,6 +43,7 @@ __all__ = [
     "MAX_SAMPLES_PER_TASK",
     "MAX_TRAJECTORIES",
     "PAST_BOUND",
+    "REPLAN_INTERVAL_S",
     "SECRET_ARG_PATTERN",
     "AsynchronySpec",
     "EnginePoolSpec",
@@ -60,6 +61,9 @@ __all__ = [
 ]
 
 MAX_SAMPLES_PER_TASK = 1024  # also the CRD schema's maximum (a test keeps them equal)
+# spec.scheduling.replanIntervalSeconds when a job leaves it out; also SessionConfig's
+# default (the session without a job) and the CRD schema's default (a test keeps them equal).
+REPLAN_INTERVAL_S = 2.0
 MAX_TRAJECTORIES = 1_000_000  # tasks x samples of one job: the session holds each in memory
 # metadata.name as Kubernetes checks it (a DNS-1123 subdomain); namespaces are labels.
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -607,7 +611,7 @@ class RolloutJobSpec:
         if policy not in POLICIES or policy in SIMULATION_ONLY:
             valid = sorted(p for p in POLICIES if p not in SIMULATION_ONLY)
             raise ManifestError(f"{g.where('policy')}={policy!r}; choose one of {valid}")
-        replan = g.number("replanIntervalSeconds", 2.0, exclusive_minimum=True)
+        replan = g.number("replanIntervalSeconds", REPLAN_INTERVAL_S, exclusive_minimum=True)
         g.done()
         o = f.sub("output")
         output_path = o.string("path", required=True)

@@ -315,12 +315,7 @@ class GroupStream:
         while not self._complete:
             if self._closed or (self._begun and self._taken == len(self._groups)):
                 return None
-            left = None if until is None else until - loop.time()
-            if left is not None and left <= 0:
-                return None
-            try:
-                await asyncio.wait_for(self._wait_change(), left)
-            except TimeoutError:
+            if not await self._changed_before(until):
                 return None
         return self._take(self._take_order(1)[0])
 
@@ -344,17 +339,23 @@ class GroupStream:
                 return None
             if self._begun and len(self._complete) >= want:
                 break
-            left = None if until is None else until - loop.time()
-            if left is not None and left <= 0:
-                return None
-            try:
-                await asyncio.wait_for(self._wait_change(), left)
-            except TimeoutError:
+            if not await self._changed_before(until):
                 return None
         groups = tuple(self._take(index) for index in self._take_order(want))
         batch = Batch(self._iteration, self._version(), groups, self._taken == len(self._groups))
         self._iteration += 1
         return batch
+
+    async def _changed_before(self, until: float | None) -> bool:
+        """Wait for the next change; False once ``until`` (loop time; None: never) passed."""
+        left = None if until is None else until - asyncio.get_running_loop().time()
+        if left is not None and left <= 0:
+            return False
+        try:
+            await asyncio.wait_for(self._wait_change(), left)
+        except TimeoutError:
+            return False
+        return True
 
     def state(self) -> dict[str, Any]:
         """Counts for the trainer's API and the docs' figures."""

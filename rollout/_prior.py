@@ -54,9 +54,7 @@ def prior_sketch(local: LocalJob, predictor: str) -> PriorSketch:
             t.predicted_remaining_tokens = tokens
             t.predicted_remaining_turns = turns
             trajectories.append(t)
-            records.append(
-                FinishedTrajectory(f"t{i}", prompt, max(1, round(tokens)), max(1, round(turns)))
-            )
+            records.append(FinishedTrajectory.predicted(t))
     tool_means: dict[str, float] = {}
     reply_tokens = 128.0
     if local.workload is not None and local.workload.tools:

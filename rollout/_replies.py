@@ -1,4 +1,5 @@
-"""Replies of the tool and reward servers: read with a cap, and why an exchange broke.
+"""Exchanges with the tool and reward servers: one POST read with a cap, which answers
+are worth a retry (and how long to wait), and why an exchange broke.
 
 Apart from the tools environment so that the reward scorers (which the
 environments name) use them without a circle through it.
@@ -6,13 +7,23 @@ environments name) use them without a circle through it.
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import httpx
 
 from heddle.exceptions import ToolError
 
 from ._hosts import HostRefusedError
 
-__all__ = ["MAX_REPLY_BYTES", "read_capped", "transport_cause"]
+__all__ = [
+    "MAX_REPLY_BYTES",
+    "RetryableError",
+    "post_json",
+    "read_capped",
+    "retry_delay_s",
+    "transport_cause",
+]
 
 MAX_REPLY_BYTES = 1 << 20  # a tool reply's HTTP body at most; a longer one is refused unread
 
@@ -56,3 +67,64 @@ def transport_cause(exc: httpx.HTTPError, server: str = "tool server") -> str:
     if isinstance(exc, httpx.ReadError | httpx.WriteError):
         return f"the connection to the {server} broke mid-call"
     return f"the call failed below HTTP ({type(exc).__name__})"
+
+
+class RetryableError(Exception):
+    """An exchange worth trying again: no complete answer in time, a broken connection,
+    a status of 5xx or below 200, or a reply that is not the JSON asked for."""
+
+
+def retry_delay_s(attempt: int) -> float:
+    """The wait before retry ``attempt`` (1, 2, ...): 0.2 s doubling, at most 5 s."""
+    return min(5.0, 0.2 * 2.0 ** (attempt - 1))
+
+
+async def post_json(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    *,
+    timeout_s: float,
+    cap: int,
+    who: str,
+    server: str,
+    url_field: str,
+    refused: str,
+) -> tuple[bytes, str]:
+    """POST ``body`` and read the 2xx reply (its bytes and their text), the whole exchange
+    within ``timeout_s``.
+
+    What a retry cannot fix is a :class:`ToolError`: a redirect (not followed: ``who``
+    answered one; set ``url_field``), a 4xx (``who`` refused ``refused``), a reply past
+    ``cap`` bytes. What it may is a :class:`RetryableError`: no complete answer in time,
+    a broken connection (:func:`transport_cause`, naming the ``server``), a 5xx.
+    """
+    try:
+        # httpx's timeout bounds each read; the whole exchange needs a deadline of its own.
+        async with asyncio.timeout(timeout_s):
+            async with client.stream(
+                "POST",
+                url,
+                json=body,
+                timeout=timeout_s,
+                headers={"Accept-Encoding": "identity"},  # the cap counts what is held
+            ) as reply:
+                status = reply.status_code
+                if 300 <= status < 400:
+                    raise ToolError(
+                        f"{who} answered with a redirect ({status}), which is not "
+                        f"followed; set {url_field} to the address that answers"
+                    )
+                raw = await read_capped(reply, who, cap)
+    except (TimeoutError, httpx.TimeoutException):
+        raise RetryableError(
+            f"no complete answer within {timeout_s:g} s (timeoutSeconds)"
+        ) from None
+    except httpx.HTTPError as exc:
+        raise RetryableError(transport_cause(exc, server)) from None
+    text = raw.decode("utf-8", errors="replace")
+    if 400 <= status < 500:
+        raise ToolError(f"{who} refused {refused} ({status}): {text[:300]}")
+    if status >= 500 or status < 200:
+        raise RetryableError(f"status {status}: {text[:200]}")
+    return raw, text

@@ -2,9 +2,9 @@
 
 ``http``: ``POST <url>`` with the trajectory's output record (without the
 reward fields); the endpoint answers 200 with ``{"reward": <finite number>,
-"info": {...}}`` (``info`` optional). The call follows the tools' policy
-(``_tools.py``): one deadline per attempt from connect to last byte, a reply
-capped at :data:`~heddle.rollout._tools.MAX_REPLY_BYTES`, timeouts, broken
+"info": {...}}`` (``info`` optional). The call is the tools' exchange
+(``_replies.post_json``): one deadline per attempt from connect to last byte, a reply
+capped at :data:`~heddle.rollout._replies.MAX_REPLY_BYTES`, timeouts, broken
 connections, 5xx and non-JSON bodies retried with backoff; a 4xx, a redirect,
 an oversized reply, or a JSON reply whose ``reward`` is not a finite number is
 not (the endpoint would answer the same again). ``scripted``: 1.0 for a
@@ -29,14 +29,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from heddle.api import RewardSpec
 from heddle.exceptions import ToolError
 
 from ._answers import expected_answer, extract_answer, same_answer
 from ._hosts import LOCAL_DEFAULT, HostAllowList, guarded_client
-from ._replies import MAX_REPLY_BYTES, read_capped, transport_cause
+from ._replies import MAX_REPLY_BYTES, RetryableError, post_json, retry_delay_s
 from ._sandbox import SandboxLimits, run_python
 
 __all__ = [
@@ -135,10 +133,6 @@ class CodeReward(RewardScorer):
         return RewardResult(1.0 if result.passed else 0.0, result.info(), None, result.seconds)
 
 
-class _RetryError(Exception):
-    pass
-
-
 class HttpReward(RewardScorer):
     def __init__(
         self,
@@ -156,12 +150,12 @@ class HttpReward(RewardScorer):
         started = time.monotonic()
         last = ""
         for attempt in range(self.spec.retries + 1):
-            if attempt:  # the tools' backoff: 0.2 s doubling, at most 5 s
-                await asyncio.sleep(min(5.0, 0.2 * 2 ** (attempt - 1)))
+            if attempt:  # the tools' backoff
+                await asyncio.sleep(retry_delay_s(attempt))
             try:
                 reward, info = await self._attempt(record)
                 return RewardResult(reward, info, None, time.monotonic() - started)
-            except _RetryError as exc:
+            except RetryableError as exc:
                 last = str(exc)
             except ToolError as exc:
                 return RewardResult(None, None, str(exc), time.monotonic() - started)
@@ -169,40 +163,24 @@ class HttpReward(RewardScorer):
         return RewardResult(None, None, error, time.monotonic() - started)
 
     async def _attempt(self, record: Mapping[str, Any]) -> tuple[float, Mapping[str, Any] | None]:
-        timeout = self.spec.timeout_s
-        try:
-            async with asyncio.timeout(timeout):
-                async with self._client.stream(
-                    "POST",
-                    self.spec.url,
-                    json=dict(record),
-                    timeout=timeout,
-                    headers={"Accept-Encoding": "identity"},  # the cap counts what is held
-                ) as reply:
-                    status = reply.status_code
-                    if 300 <= status < 400:
-                        raise ToolError(
-                            f"reward endpoint answered with a redirect ({status}), which is not "
-                            "followed; set spec.environment.reward.url to the address that answers"
-                        )
-                    raw = await self._read(reply)
-        except (TimeoutError, httpx.TimeoutException):
-            raise _RetryError(f"no complete answer within {timeout:g} s (timeoutSeconds)") from None
-        except httpx.HTTPError as exc:
-            raise _RetryError(transport_cause(exc, "reward server")) from None
-        text = raw.decode("utf-8", errors="replace")
-        if 400 <= status < 500:
-            raise ToolError(f"reward endpoint refused the trajectory ({status}): {text[:300]}")
-        if status >= 500 or status < 200:
-            raise _RetryError(f"status {status}: {text[:200]}")
+        raw, text = await post_json(
+            self._client,
+            self.spec.url,
+            dict(record),
+            timeout_s=self.spec.timeout_s,
+            cap=self.max_reply_bytes,
+            who="reward endpoint",
+            server="reward server",
+            url_field="spec.environment.reward.url",
+            refused="the trajectory",
+        )
         try:
             data = json.loads(raw)
         except ValueError:
-            raise _RetryError(f'reply is not JSON {{"reward": number}}: {text[:200]!r}') from None
+            raise RetryableError(
+                f'reply is not JSON {{"reward": number}}: {text[:200]!r}'
+            ) from None
         return _parse_reply(data, text)
-
-    async def _read(self, reply: httpx.Response) -> bytes:
-        return await read_capped(reply, "reward endpoint", self.max_reply_bytes)
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -573,6 +573,15 @@ def trace_path(output: Path) -> Path:
     return output.with_name(output.stem + ".trace.jsonl")
 
 
+def _write_owner_only(path: Path, data: dict[str, Any]) -> None:
+    """``data`` as one JSON line, readable by its owner only (it holds a token)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+        f.write("\n")
+
+
 def trainer_file(output: Path) -> Path:
     """Where a local run serving the trainer API writes its URL and token."""
     return output.with_name(output.name + ".trainer.json")
@@ -586,11 +595,7 @@ async def serve_trainer(
     url = await server.start()
     path = trainer_file(local.output)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"job": local.job.name, "url": url, "token": server.token}, f)
-            f.write("\n")
+        _write_owner_only(path, {"job": local.job.name, "url": url, "token": server.token})
     except OSError as exc:
         await server.stop()
         raise OutputError(f"cannot write the trainer API file {path}: {exc.strerror}") from exc
@@ -609,12 +614,8 @@ async def _serve_gateway(
     url = await served.start()
     path = gateway_file(local.output)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"job": local.job.name, "url": url, "token": environment.token,
-                       "model": environment.model}, f)  # fmt: skip
-            f.write("\n")
+        _write_owner_only(path, {"job": local.job.name, "url": url, "token": environment.token,
+                                 "model": environment.model})  # fmt: skip
     except OSError as exc:
         await served.stop()
         raise OutputError(f"cannot write the gateway file {path}: {exc.strerror}") from exc

@@ -19,7 +19,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from heddle.api import SamplingSpec
+from heddle.api import REPLAN_INTERVAL_S, SamplingSpec
 from heddle.scheduler import (
     FinishedTrajectory,
     LengthPredictor,
@@ -48,7 +48,7 @@ log = logging.getLogger("heddle.session")
 class SessionConfig:
     """Knobs of the control loop; times in seconds."""
 
-    replan_interval_s: float = 2.0  # placement re-plan and migration period
+    replan_interval_s: float = REPLAN_INTERVAL_S  # placement re-plan and migration period
     step_timeout_s: float = 600.0  # one LLM step at most before the worker counts as silent
     health_interval_s: float = 1.0  # probe period of /readyz
     unhealthy_after: int = 3  # consecutive failed probes that mark a live worker down

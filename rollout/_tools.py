@@ -11,7 +11,8 @@ Tool protocol (docs/rollouts.md): ``POST <url>`` with JSON
 deadline, ``timeoutSeconds`` from connect to the last byte, and its reply is
 streamed and refused past :data:`MAX_REPLY_BYTES` without reading the rest.
 Timeouts, broken connections, 5xx and replies of any other form are retried
-with backoff; a 4xx (bad arguments), a redirect (not followed) or an
+with backoff (the exchange and its rules are ``_replies.post_json``, shared with
+the reward endpoint); a 4xx (bad arguments), a redirect (not followed) or an
 oversized reply is not. A call that fails in the end (or names an unknown
 tool) goes back to the model as a tool message under ``onError: message``;
 under ``onError: fail`` it ends the trajectory as failed with the reason.
@@ -35,7 +36,7 @@ from heddle.exceptions import ToolError
 
 from ._environments import Environment, Episode, Outcome, ParsedCalls
 from ._hosts import LOCAL_DEFAULT, HostAllowList, guarded_client
-from ._replies import MAX_REPLY_BYTES, read_capped, transport_cause
+from ._replies import MAX_REPLY_BYTES, RetryableError, post_json, retry_delay_s
 from ._tasks import Task
 
 __all__ = [
@@ -131,10 +132,6 @@ def _from_worker(parsed: ParsedCalls) -> tuple[list[ToolInvocation], list[str]]:
     return calls, errors
 
 
-class _RetryableError(Exception):
-    pass
-
-
 async def call_tool(
     client: httpx.AsyncClient,
     endpoint: ToolEndpointSpec,
@@ -148,10 +145,10 @@ async def call_tool(
     last = ""
     for attempt in range(endpoint.retries + 1):
         if attempt:
-            await asyncio.sleep(min(5.0, 0.2 * 2 ** (attempt - 1)))
+            await asyncio.sleep(retry_delay_s(attempt))
         try:
             return await _attempt(client, endpoint, body, max_reply_bytes)
-        except _RetryableError as exc:
+        except RetryableError as exc:
             last = str(exc)
     raise ToolError(f"tool {call.name!r} failed after {endpoint.retries + 1} attempts: {last}")
 
@@ -160,40 +157,23 @@ async def _attempt(
     client: httpx.AsyncClient, endpoint: ToolEndpointSpec, body: dict[str, Any], cap: int
 ) -> str:
     name = body["name"]
-    try:
-        # httpx's timeout bounds each read; the whole exchange needs a deadline of its own.
-        async with asyncio.timeout(endpoint.timeout_s):
-            async with client.stream(
-                "POST",
-                endpoint.url,
-                json=body,
-                timeout=endpoint.timeout_s,
-                headers={"Accept-Encoding": "identity"},  # the cap counts what is held
-            ) as reply:
-                status = reply.status_code
-                if 300 <= status < 400:
-                    raise ToolError(
-                        f"tool {name!r} answered with a redirect ({status}), which is not "
-                        "followed; set the endpoint's url to the address that answers"
-                    )
-                raw = await read_capped(reply, f"tool {name!r}", cap)
-    except (TimeoutError, httpx.TimeoutException):
-        raise _RetryableError(
-            f"no complete answer within {endpoint.timeout_s:g} s (timeoutSeconds)"
-        ) from None
-    except httpx.HTTPError as exc:
-        raise _RetryableError(transport_cause(exc)) from None
-    text = raw.decode("utf-8", errors="replace")
-    if 400 <= status < 500:
-        raise ToolError(f"tool {name!r} refused the call ({status}): {text[:300]}")
-    if status >= 500 or status < 200:
-        raise _RetryableError(f"status {status}: {text[:200]}")
+    raw, text = await post_json(
+        client,
+        endpoint.url,
+        body,
+        timeout_s=endpoint.timeout_s,
+        cap=cap,
+        who=f"tool {name!r}",
+        server="tool server",
+        url_field="the endpoint's url",
+        refused="the call",
+    )
     try:
         data = json.loads(raw)
     except ValueError:
         data = None
     if not isinstance(data, dict) or not isinstance(data.get("content"), str):
-        raise _RetryableError(f'reply is not JSON {{"content": string}}: {text[:200]!r}')
+        raise RetryableError(f'reply is not JSON {{"content": string}}: {text[:200]!r}')
     return str(data["content"])
 
 

@@ -84,6 +84,18 @@ class FinishedTrajectory:
     tool_output_tokens: tuple[int, ...] = ()  # each tool reply's tokens, when known (KV size)
     tool_latency_s: tuple[float, ...] = ()  # each tool call's duration, when known
 
+    @classmethod
+    def predicted(cls, trajectory: Trajectory) -> FinishedTrajectory:
+        """The record a trajectory's prediction stands for: what the shape and co-location
+        decisions simulate when no earlier rollout is known (the live session's prior
+        sketch and the simulator alike). At least one token and one turn."""
+        return cls(
+            trajectory.group_id,
+            trajectory.prompt_tokens,
+            max(1, round(trajectory.predicted_remaining_tokens)),
+            max(1, round(trajectory.predicted_remaining_turns)),
+        )
+
 
 def check_tp_sizes(sizes: Iterable[int], gpus_per_node: int) -> tuple[int, ...]:
     """Validate allowed tensor-parallel sizes; return them sorted and deduplicated."""

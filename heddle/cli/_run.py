@@ -19,7 +19,7 @@ from heddle.worker import SPECULATION_METHODS
 if TYPE_CHECKING:
     pass
 
-__all__ = ["add_run_parser"]
+__all__ = ["add_operator_parser", "add_run_parser", "operator_config"]
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -241,18 +241,38 @@ def add_run_parser(sub: Any) -> None:
 
 
 def _cmd_operator(args: argparse.Namespace) -> int:
-    from heddle.api import PodPolicy  # noqa: PLC0415
-    from heddle.operator import OperatorConfig, run_operator  # noqa: PLC0415
-    from heddle.rollout import HostAllowList  # noqa: PLC0415
+    from heddle.operator import run_operator  # noqa: PLC0415
 
     level = os.environ.get("HEDDLE_LOG_LEVEL", "INFO").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = OperatorConfig(
+    asyncio.run(run_operator(operator_config(args)))
+    return 0
+
+
+def operator_config(args: argparse.Namespace) -> Any:
+    """The :class:`OperatorConfig` the flags ask for: a flag left out keeps the
+    dataclass's default, written only there."""
+    from heddle.api import PodPolicy  # noqa: PLC0415
+    from heddle.operator import OperatorConfig  # noqa: PLC0415
+    from heddle.rollout import HostAllowList  # noqa: PLC0415
+
+    given: dict[str, Any] = {
+        name: value
+        for name, value in (
+            ("metrics_port", args.metrics_port),
+            ("drain_timeout_s", args.drain_timeout),
+            ("data_root", None if args.data_root is None else Path(args.data_root)),
+            ("session_image", args.session_image or None),
+            ("session_metrics_port", args.session_metrics_port),
+        )
+        if value is not None
+    }
+    if given.get("metrics_port") == 0:
+        given["metrics_port"] = None  # --metrics-port 0: off
+    return OperatorConfig(
         namespaces=tuple(args.namespace),
         api_server=args.api_server,
-        metrics_port=args.metrics_port or None,
         liveness_endpoint=args.liveness,
-        drain_timeout_s=args.drain_timeout,
         scan_cluster=not args.no_scan,
         tool_hosts=(
             HostAllowList.parse(args.tool_allowed_hosts, "--tool-allowed-hosts")
@@ -262,12 +282,8 @@ def _cmd_operator(args: argparse.Namespace) -> int:
         pod_policy=PodPolicy.parse(
             args.allowed_images, args.allowed_service_accounts, args.pod_allow
         ),
-        data_root=Path(args.data_root),
-        **({"session_image": args.session_image} if args.session_image else {}),
-        session_metrics_port=args.session_metrics_port,
+        **given,
     )
-    asyncio.run(run_operator(config))
-    return 0
 
 
 def add_operator_parser(sub: Any) -> None:
@@ -283,14 +299,15 @@ def add_operator_parser(sub: Any) -> None:
         default=[],
         help="watch this namespace (repeatable); default: the whole cluster",
     )
-    p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus port; 0: off")
+    # Defaults None: a flag left out keeps OperatorConfig's default (operator_config).
+    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port; 0: off")
     p.add_argument(
         "--liveness", default="http://0.0.0.0:8080/healthz", help="kopf's liveness endpoint"
     )
     p.add_argument(
         "--drain-timeout",
         type=float,
-        default=600.0,
+        default=None,
         help="seconds a draining instance may keep trajectories before it is deleted anyway",
     )
     p.add_argument(
@@ -324,9 +341,9 @@ def add_operator_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--data-root",
-        default=str(DATA_ROOT),
+        default=None,
         help="session pods' folder: a RolloutJob's relative paths (tasks, workload, output) "
-        "resolve inside it, on the pod's volumes (default: %(default)s)",
+        f"resolve inside it, on the pod's volumes (default: {DATA_ROOT})",
     )
     p.add_argument(
         "--session-image",
@@ -337,7 +354,7 @@ def add_operator_parser(sub: Any) -> None:
     p.add_argument(
         "--session-metrics-port",
         type=int,
-        default=9090,
+        default=None,
         help="Prometheus port of each session pod; 0: off",
     )
     p.add_argument("--api-server", default=None, help="API server URL without auth (tests)")

@@ -12,7 +12,9 @@ import signal
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_session_parser", "session_config_from_env"]
+from heddle.rollout import DATA_ROOT
+
+__all__ = ["add_session_parser", "session_config_from_env", "session_pod_config"]
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -39,13 +41,33 @@ def session_config_from_env(text: str | None) -> Any:
     return SessionConfig(**values)
 
 
+def session_pod_config(args: argparse.Namespace, session: Any) -> Any:
+    """The :class:`SessionPodConfig` the flags ask for: a flag left out keeps the
+    dataclass's default (the operator's, :class:`SessionPodOptions`), written only there."""
+    from heddle.operator import SessionPodConfig  # noqa: PLC0415
+
+    given: dict[str, Any] = {
+        name: value
+        for name, value in (
+            ("base_dir", None if args.base_dir is None else Path(args.base_dir)),
+            ("status_interval_s", args.status_interval),
+            ("metrics_port", args.metrics_port),
+            ("gateway_host", args.gateway_host),
+            ("gateway_port", args.gateway_port),
+            ("trainer_port", args.trainer_port),
+        )
+        if value is not None
+    }
+    config = SessionPodConfig(namespace=args.namespace, job=args.job, session=session, **given)
+    return dataclasses.replace(config, poll_s=min(1.0, config.status_interval_s))
+
+
 def _cmd_session(args: argparse.Namespace) -> int:
     from heddle.exceptions import HeddleError  # noqa: PLC0415
     from heddle.operator import (  # noqa: PLC0415
         SESSION_CONFIG_ENV,
         SESSION_RETRY,
         KubeClient,
-        SessionPodConfig,
         run_session_pod,
     )
     from heddle.rollout import SessionMetrics  # noqa: PLC0415
@@ -61,22 +83,12 @@ def _cmd_session(args: argparse.Namespace) -> int:
     except HeddleError as exc:
         log.error("%s", exc)
         return 2
+    config = session_pod_config(args, session)
     metrics = SessionMetrics()
-    if args.metrics_port:
+    if config.metrics_port:
         from prometheus_client import start_http_server  # noqa: PLC0415
 
-        start_http_server(args.metrics_port, registry=metrics.registry)
-    config = SessionPodConfig(
-        namespace=args.namespace,
-        job=args.job,
-        base_dir=Path(args.base_dir),
-        status_interval_s=args.status_interval,
-        poll_s=min(1.0, args.status_interval),
-        session=session,
-        gateway_host=args.gateway_host,
-        gateway_port=args.gateway_port,
-        trainer_port=args.trainer_port,
-    )
+        start_http_server(config.metrics_port, registry=metrics.registry)
     signal.signal(signal.SIGTERM, _interrupt)  # the pod deleted: stop, the output closed
 
     async def main() -> int:
@@ -105,27 +117,28 @@ def add_session_parser(sub: Any) -> None:
     )
     p.add_argument("--namespace", required=True, help="the job's namespace")
     p.add_argument("--job", required=True, help="the RolloutJob's name")
+    # Defaults None: a flag left out keeps SessionPodConfig's default (session_pod_config).
     p.add_argument(
         "--base-dir",
-        default="/data",
-        help="folder a job's relative paths resolve in (default: %(default)s)",
+        default=None,
+        help=f"folder a job's relative paths resolve in (default: {DATA_ROOT})",
     )
     p.add_argument(
-        "--status-interval", type=float, default=1.0, help="seconds between status patches"
+        "--status-interval", type=float, default=None, help="seconds between status patches"
     )
-    p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus port; 0: off")
+    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port; 0: off")
     p.add_argument(
         "--gateway-host",
-        default="0.0.0.0",
+        default=None,
         help="where the gateway (external jobs) and the trainer API listen",
     )
     p.add_argument(
-        "--gateway-port", type=int, default=8080, help="external jobs: the gateway's port"
+        "--gateway-port", type=int, default=None, help="external jobs: the gateway's port"
     )
     p.add_argument(
         "--trainer-port",
         type=int,
-        default=0,
+        default=None,
         help="serve the trainer API on this port, on the gateway's host, with the token in "
         "HEDDLE_TRAINER_TOKEN (spec.asynchrony.trainerApi; docs/async.md); 0: off",
     )

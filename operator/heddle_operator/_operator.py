@@ -30,13 +30,13 @@ from heddle.api import (
     JobPhase,
     PodPolicy,
 )
-from heddle.rollout import DATA_ROOT, HostAllowList, SessionConfig
+from heddle.rollout import HostAllowList, SessionConfig
 
 from ._builders import LABEL_POOL
 from ._jobs import JobContext, delete_session_pods, run_job
 from ._kube import KubeClient
 from ._pools import PoolRuntime, reconcile_pool
-from ._session_builders import DEFAULT_SESSION_IMAGE, SessionPodOptions
+from ._session_builders import SESSION_METRICS_PORT, SessionPodOptions
 from ._session_status import SessionPublished
 
 __all__ = ["OperatorConfig", "build_registry", "run_operator"]
@@ -44,25 +44,45 @@ __all__ = ["OperatorConfig", "build_registry", "run_operator"]
 log = logging.getLogger("heddle.operator")
 
 
+# What session pods are told unless the operator is told otherwise: the one source.
+_POD = SessionPodOptions()
+
+
 @dataclass(frozen=True)
 class OperatorConfig:
-    """Settings of one operator process; times in seconds."""
+    """Settings of one operator process; times in seconds.
+
+    The fields passed on to session pods take their defaults from
+    :class:`SessionPodOptions` (:meth:`session_pod_options` maps them).
+    """
 
     namespaces: tuple[str, ...] = ()  # watched namespaces; empty means the whole cluster
     api_server: str | None = None  # talk to this URL without credentials (tests, kubectl proxy)
     reconcile_interval_s: float = 1.0  # EnginePool reconcile period
     drain_timeout_s: float = 600.0  # a draining instance is deleted after this even if busy
-    status_interval_s: float = 1.0  # RolloutJob status patches at most this often
+    status_interval_s: float = _POD.status_interval_s  # RolloutJob status patches, at most
     metrics_port: int | None = 9090  # Prometheus /metrics of the operator; None: off
     liveness_endpoint: str | None = None  # e.g. http://0.0.0.0:8080/healthz (kopf's probe)
     scan_cluster: bool = True  # let kopf watch namespaces and CRDs appear (needs list RBAC)
-    data_root: Path = DATA_ROOT  # session pods' folder: a job's relative paths resolve in it
-    session: SessionConfig = field(default_factory=SessionConfig)  # passed to session pods
+    data_root: Path = _POD.base_dir  # session pods' folder: a job's relative paths resolve in it
+    session: SessionConfig = _POD.session  # passed to session pods (frozen: shared safely)
     tool_hosts: HostAllowList = field(default_factory=HostAllowList)  # empty: nowhere
     pod_policy: PodPolicy = field(default_factory=PodPolicy)  # what tenants' pods may ask for
-    session_image: str = DEFAULT_SESSION_IMAGE  # session pods' image (the operator's own)
-    session_metrics_port: int = 9090  # each session pod's Prometheus port; 0: off
+    session_image: str = _POD.image  # session pods' image (the operator's own)
+    session_metrics_port: int = SESSION_METRICS_PORT  # each session pod's Prometheus port; 0: off
     job_poll_s: float = 1.0  # how often a job's daemon looks at its session pod
+
+    def session_pod_options(self) -> SessionPodOptions:
+        """What this operator puts in every session pod."""
+        return SessionPodOptions(
+            image=self.session_image,
+            base_dir=self.data_root,
+            status_interval_s=self.status_interval_s,
+            metrics_port=self.session_metrics_port,
+            session=self.session,
+            tool_hosts=self.tool_hosts,
+            policy=self.pod_policy,
+        )
 
 
 @dataclass
@@ -193,16 +213,12 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
 
     @kopf.daemon(GROUP, VERSION, ROLLOUTJOB_PLURAL, registry=registry, cancellation_timeout=30)
     async def job_daemon(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
-        options = SessionPodOptions(
-            image=config.session_image,
-            base_dir=config.data_root,
-            status_interval_s=config.status_interval_s,
-            metrics_port=config.session_metrics_port,
-            session=config.session,
-            tool_hosts=config.tool_hosts,
-            policy=config.pod_policy,
+        ctx = JobContext(
+            state.client(),
+            config.session_pod_options(),
+            config.status_interval_s,
+            config.job_poll_s,
         )
-        ctx = JobContext(state.client(), options, config.status_interval_s, config.job_poll_s)
         await run_job(ctx, body, lambda: bool(stopped), stopped.wait)
         # A finished job's daemon idles until the job goes, so kopf does not restart it.
         while not stopped:

@@ -37,6 +37,7 @@ from heddle.api import (
 )
 from heddle.rollout import (
     ALLOWED_HOSTS_ENV,
+    DATA_ROOT,
     GATEWAY_TOKEN_ENV,
     TRAINER_TOKEN_ENV,
     HostAllowList,
@@ -51,6 +52,7 @@ __all__ = [
     "SESSION_ACCOUNT",
     "SESSION_CONFIG_ENV",
     "SESSION_LABEL",
+    "SESSION_METRICS_PORT",
     "TRAINER_PORT",
     "SessionPodOptions",
     "gateway_objects",
@@ -71,6 +73,7 @@ SESSION_CONFIG_ENV = "HEDDLE_SESSION_CONFIG"  # the control loop's knobs, JSON
 DEFAULT_SESSION_IMAGE = "ghcr.io/heddle-dev/heddle-operator:latest"
 TMP_VOLUME = "heddle-tmp"  # /tmp on a read-only root
 GATEWAY_PORT = 8080  # an external job's gateway, in its session pod
+SESSION_METRICS_PORT = 9090  # each session pod's Prometheus port (`--session-metrics-port`)
 TRAINER_PORT = 8081  # a job's trainer API (spec.asynchrony.trainerApi), in its session pod
 # A job without spec.session.resources: about the operator's old share for one job
 # (~1 ms of CPU per step, ~50 KiB per running trajectory; docs/benchmarks.md).
@@ -110,11 +113,16 @@ def session_account(job: str) -> str:
 
 @dataclass(frozen=True)
 class SessionPodOptions:
-    """What the operator puts in every session pod (its own settings, passed on)."""
+    """What the operator puts in every session pod (its own settings, passed on).
+
+    The one source of these defaults: :class:`~heddle.operator.OperatorConfig` (the
+    operator's flags) and :class:`~heddle.operator.SessionPodConfig` (``heddle session``'s)
+    take theirs from here.
+    """
 
     image: str = DEFAULT_SESSION_IMAGE  # a job's spec.session.image wins
-    base_dir: Path = Path("/data")  # relative paths of a job resolve inside it
-    status_interval_s: float = 1.0
+    base_dir: Path = DATA_ROOT  # relative paths of a job resolve inside it
+    status_interval_s: float = 1.0  # status patches at most this often
     metrics_port: int = 0  # the session's Prometheus port; 0: off
     session: SessionConfig = field(default_factory=SessionConfig)
     tool_hosts: HostAllowList = field(default_factory=HostAllowList)  # empty: nowhere

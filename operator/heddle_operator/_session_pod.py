@@ -55,12 +55,21 @@ from heddle.worker import TOKEN_ENV, WorkerEndpoint
 from ._builders import condition, now_iso
 from ._job_status import FINISHED, JobStatus, progress_fields
 from ._kube import CONFIGMAPS, ENGINEPOOLS, ROLLOUTJOBS, ApiError, KubeClient, RetryPolicy
-from ._session_builders import GATEWAY_PORT, gateway_url, trainer_secret_name, trainer_url
+from ._session_builders import (
+    GATEWAY_PORT,
+    SESSION_METRICS_PORT,
+    SessionPodOptions,
+    gateway_url,
+    trainer_secret_name,
+    trainer_url,
+)
 from ._session_status import SessionPublished
 
 __all__ = ["SESSION_RETRY", "SessionPodConfig", "ready_workers", "run_session_pod"]
 
 log = logging.getLogger("heddle.session")
+
+_POD = SessionPodOptions()  # what the operator passes unless told otherwise
 # One object per request: a server that has not answered in 5 s is asked again next round
 # (the rollout never waits on the API server; a status round is skipped at worst).
 SESSION_RETRY = RetryPolicy(timeout_s=5.0)
@@ -69,12 +78,13 @@ FINAL_WRITE_ATTEMPTS = 8
 
 @dataclass(frozen=True)
 class SessionPodConfig:
-    """What ``heddle session`` is told; times in seconds."""
+    """What ``heddle session`` is told; times in seconds. What the operator passes on
+    defaults to what it passes (:class:`SessionPodOptions`): one source."""
 
     namespace: str
     job: str
-    base_dir: Path = Path("/data")  # relative paths of the job resolve inside it
-    status_interval_s: float = 1.0  # status patches at most this often
+    base_dir: Path = _POD.base_dir  # relative paths of the job resolve inside it
+    status_interval_s: float = _POD.status_interval_s  # status patches at most this often
     poll_s: float = 1.0  # how often the pool's status is read
     settle_s: float = 30.0  # at most this long for the whole pool once an instance is ready
     session: SessionConfig = field(default_factory=SessionConfig)
@@ -82,6 +92,7 @@ class SessionPodConfig:
     gateway_port: int = GATEWAY_PORT
     gateway_linger_s: float = 3.0  # served on after the end, so polling agents hear of it
     trainer_port: int = 0  # the trainer API's port (token: HEDDLE_TRAINER_TOKEN); 0: off
+    metrics_port: int = SESSION_METRICS_PORT  # Prometheus /metrics (``heddle session``); 0: off
 
 
 def ready_workers(

@@ -254,15 +254,7 @@ class Simulator:
         if not records:  # no earlier rollout: plan for the predictor's prior
             for sim in self.sims.values():
                 self._predict(sim)
-            records = [
-                FinishedTrajectory(
-                    s.traj.group_id,
-                    s.traj.prompt_tokens,
-                    max(1, round(s.traj.predicted_remaining_tokens)),
-                    max(1, round(s.traj.predicted_remaining_turns)),
-                )
-                for s in self.sims.values()
-            ]
+            records = [FinishedTrajectory.predicted(s.traj) for s in self.sims.values()]
         config = ShapeConfig(
             gpu_budget=self.cluster.gpus,
             gpus_per_node=self.cluster.gpus_per_node,
@@ -287,13 +279,7 @@ class Simulator:
         for sim in self.sims.values():
             self._predict(sim)
         records = list(history) or [
-            FinishedTrajectory(
-                s.traj.group_id,
-                s.traj.prompt_tokens,
-                max(1, round(s.traj.predicted_remaining_tokens)),
-                max(1, round(s.traj.predicted_remaining_turns)),
-            )
-            for s in self.sims.values()
+            FinishedTrajectory.predicted(s.traj) for s in self.sims.values()
         ]
         placement, verdict = judge_colocation(
             [s.traj for s in self.sims.values()],

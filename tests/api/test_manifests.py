@@ -12,6 +12,7 @@ import yaml
 from heddle.api import (
     MAX_SAMPLES_PER_TASK,
     MAX_TRAJECTORIES,
+    REPLAN_INTERVAL_S,
     EnginePoolSpec,
     RolloutJobSpec,
     SamplingSpec,
@@ -304,6 +305,21 @@ def test_quickstart_preset_is_the_example_workload() -> None:
     assert preset.read_text() == example.read_text(), (
         "cp examples/synthetic/workload.yaml scheduler/presets/quickstart.yaml"
     )
+
+
+def test_the_replan_interval_has_one_default_in_the_parser_the_crd_and_the_session() -> None:
+    from heddle.rollout import SessionConfig
+
+    from ..operator._cluster import crd_schemas
+
+    spec = crd_schemas()["rolloutjobs"]["properties"]["spec"]["properties"]
+    assert spec["scheduling"]["properties"]["replanIntervalSeconds"]["default"] == (
+        REPLAN_INTERVAL_S
+    )
+    job = copy.deepcopy(JOB)
+    job["spec"].pop("scheduling", None)
+    assert RolloutJobSpec.from_manifest(job).replan_interval_s == REPLAN_INTERVAL_S
+    assert SessionConfig().replan_interval_s == REPLAN_INTERVAL_S
 
 
 def test_samples_per_task_has_one_documented_maximum_in_the_parser_and_the_crd() -> None:
