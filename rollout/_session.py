@@ -59,6 +59,7 @@ from ._groups import GroupStream
 from ._output import OutputSink, record_key
 from ._progress import Progress, SessionMetrics, TokenRate
 from ._record import TrajectoryRun
+from ._session_gc import quiet_collector
 from ._session_loop import SessionLoop, step_seed
 from ._session_progress import SessionProgress
 from ._session_replan import SessionReplan
@@ -267,7 +268,8 @@ class RolloutSession(SessionLoop, SessionReplan, SessionProgress):
         if self.policy.migration != "none" or self.policy.placement == "presorted-dp":
             helpers.append(asyncio.create_task(self._replan_loop(), name="replan"))
         try:
-            deadline_hit = await self._wait(tasks, helpers)
+            with quiet_collector():  # the trajectories built above stay out of its way
+                deadline_hit = await self._wait(tasks, helpers)
         finally:
             # A worker may join while the session shuts down (the operator syncs workers
             # concurrently): from here on it is not connected.
