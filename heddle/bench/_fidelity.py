@@ -492,8 +492,9 @@ def run_fidelity(args: Any, out: Path) -> dict[str, Any]:
     if args.target == "profile" or (args.profile is None and engine == "vllm"):
         model = local_model_dir(args.model or "tiny", None)
         bench_profile(
-            model=model, repeats=max(1, args.rounds), seed=args.seed, out=out, name=name, **grid
-        )
+            model=model, repeats=max(1, args.rounds), seed=args.seed, out=out, name=name,
+            batches=grid.batches, contexts=grid.contexts, prefills=grid.prefills,
+        )  # fmt: skip
         if args.target == "profile":
             return dict(load_profile(measured).raw)
     # The sim engine without a profile runs on the one measured when Heddle was released.
@@ -526,7 +527,10 @@ def run_fidelity(args: Any, out: Path) -> dict[str, Any]:
     def again() -> EngineProfile:
         model = local_model_dir(args.model or "tiny", None)
         after = f"{name}-after"
-        bench_profile(model=model, repeats=1, seed=args.seed + 1, out=out, name=after, **grid)
+        bench_profile(
+            model=model, repeats=1, seed=args.seed + 1, out=out, name=after,
+            batches=grid.batches, contexts=grid.contexts, prefills=grid.prefills,
+        )  # fmt: skip
         return load_profile(str((out / f"profile-{after}.json").resolve()))
 
     if args.reprofile and engine != "vllm":

@@ -51,6 +51,7 @@ __all__ = [
     "DEFAULT_BATCHES",
     "DEFAULT_CONTEXTS",
     "DEFAULT_PREFILLS",
+    "ProfileGrid",
     "bench_profile",
     "model_spec_of",
     "profile_grid",
@@ -67,9 +68,17 @@ _ROLLOUT_OUTPUT_TOKENS = (16, 160)  # per turn, uniform
 _ROLLOUT_TOOL_S = (0.1, 0.7)  # tool gap, uniform (the fidelity workload's ~0.4 s)
 
 
-def profile_grid(
-    max_num_seqs: int, contexts: str | None, prefills: str | None
-) -> dict[str, tuple[int, ...]]:
+@dataclass(frozen=True)
+class ProfileGrid:
+    """Where :func:`bench_profile` times the engine: batch sizes, decode contexts and
+    prefill lengths (tokens)."""
+
+    batches: tuple[int, ...] = DEFAULT_BATCHES
+    contexts: tuple[int, ...] = DEFAULT_CONTEXTS
+    prefills: tuple[int, ...] = DEFAULT_PREFILLS
+
+
+def profile_grid(max_num_seqs: int, contexts: str | None, prefills: str | None) -> ProfileGrid:
     """``bench_profile``'s grid from the CLI: batches in powers of two up to the batch cap.
 
     A real model profiles slower than the tiny one (SmolLM2 prefills about 50
@@ -79,7 +88,7 @@ def profile_grid(
     if max_num_seqs < 1:
         raise ConfigError(f"--max-num-seqs {max_num_seqs}: write a whole number from 1, e.g. 8")
     batches = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b < max_num_seqs)
-    grid = {"batches": (*batches, max_num_seqs)}
+    grid: dict[str, tuple[int, ...]] = {}
     for key, text, default in (
         ("contexts", contexts, DEFAULT_CONTEXTS),
         ("prefills", prefills, DEFAULT_PREFILLS),
@@ -94,7 +103,7 @@ def profile_grid(
                 f"e.g. {','.join(map(str, default))}"
             )
         grid[key] = tuple(sorted(set(values)))
-    return grid
+    return ProfileGrid((*batches, max_num_seqs), grid["contexts"], grid["prefills"])
 
 
 _FILLER = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "seven", "wizards")

@@ -10,6 +10,7 @@ from heddle.bench._profile import (
     DEFAULT_BATCHES,
     DEFAULT_CONTEXTS,
     DEFAULT_PREFILLS,
+    ProfileGrid,
     _overhead_summary,
     profile_grid,
     rollout_scales,
@@ -56,14 +57,12 @@ def test_the_overhead_summary_takes_the_mean_and_says_where_it_went() -> None:
 
 
 def test_the_grid_times_batches_up_to_the_cap_and_the_contexts_asked_for() -> None:
-    assert profile_grid(8, None, None) == {
-        "batches": DEFAULT_BATCHES,
-        "contexts": DEFAULT_CONTEXTS,
-        "prefills": DEFAULT_PREFILLS,
-    }
+    assert profile_grid(8, None, None) == ProfileGrid(
+        DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_PREFILLS
+    )
     grid = profile_grid(6, "1024,64,512,64", "32,256")
-    assert grid == {"batches": (1, 2, 4, 6), "contexts": (64, 512, 1024), "prefills": (32, 256)}
-    assert profile_grid(1, None, None)["batches"] == (1,)
+    assert grid == ProfileGrid((1, 2, 4, 6), (64, 512, 1024), (32, 256))
+    assert profile_grid(1, None, None).batches == (1,)
 
 
 @pytest.mark.parametrize(
