@@ -81,7 +81,7 @@ class ProfileGrid:
 def profile_grid(max_num_seqs: int, contexts: str | None, prefills: str | None) -> ProfileGrid:
     """``bench_profile``'s grid from the CLI: batches in powers of two up to the batch cap.
 
-    A real model profiles slower than the tiny one (SmolLM2 prefills about 50
+    A real model profiles slower than the tiny one (SmolLM2 prefilled 23-31
     tokens/s on a loaded 2-core host), so the contexts and prefills can be cut to
     what the workload reaches; the defaults are the shipped profile's.
     """
