@@ -12,8 +12,12 @@ context ``c`` uses at least ``max(1/cap, c/KV_k)`` of an iteration, which is
 at least ``λ/cap + (1-λ)·c/KV_k`` for any ``λ`` in [0, 1]. Letting each token
 pick its cheapest TP degree relaxes the schedule further, so for every
 choice of ``λ_k`` the sum is a lower bound; the bound takes the best ``λ_k``
-a coordinate search finds. Prefill adds its FLOPs once per prompt and tool
-reply. Tests check on random small cases that no policy beats it.
+a coordinate search finds. Prefill adds its FLOPs once per group's prompt
+(siblings on one engine share it through the prefix cache) and tool reply.
+A group's prompt is held once per engine, so for the KV capacity a token's
+context counts its prompt as shared by the whole group (``c - p + p/n``);
+the KV it reads is still its whole context. Tests check on random small
+cases that no policy beats it.
 """
 
 from __future__ import annotations
@@ -53,10 +57,13 @@ class LowerBound:
         return max(self.serial_s, self.work_s)
 
 
-def _serial_time(script: TrajectoryScript, perf: PerfModel, tps: Sequence[int]) -> float:
+def _serial_time(
+    script: TrajectoryScript, perf: PerfModel, tps: Sequence[int], grouped: bool
+) -> float:
     best = math.inf
     for tp in tps:
-        t = perf.prefill_time(script.prompt_tokens, tp)
+        # A sibling may have prefilled the group's prompt already.
+        t = 0.0 if grouped else perf.prefill_time(script.prompt_tokens, tp)
         context = script.prompt_tokens
         for i, tokens in enumerate(script.turn_tokens):
             t += perf.segment_time(1, context, tp, tokens)
@@ -68,19 +75,29 @@ def _serial_time(script: TrajectoryScript, perf: PerfModel, tps: Sequence[int]) 
     return best
 
 
-def _runs(scripts: Sequence[TrajectoryScript]) -> tuple[np.ndarray, np.ndarray]:
-    """Decode runs as (first context, tokens): token ``i`` of a run reads ``first + i``."""
+def _runs(
+    scripts: Sequence[TrajectoryScript], group_sizes: dict[str, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Decode runs as (first context, tokens, first KV share): token ``i`` of a run reads
+    ``first + i`` and holds at least ``share + i`` of the KV cache (its prompt shared)."""
     starts: list[int] = []
     counts: list[int] = []
+    shares: list[int] = []
     for s in scripts:
         context = s.prompt_tokens
+        shared = s.prompt_tokens * (1.0 - 1.0 / group_sizes[s.group_id])
         for i, n in enumerate(s.turn_tokens):
             starts.append(context)
             counts.append(n)
+            shares.append(math.floor(context - shared))  # whole tokens, as the envelope sums
             context += n
             if i < len(s.tool_output_tokens):
                 context += s.tool_output_tokens[i]
-    return np.asarray(starts, dtype=np.float64), np.asarray(counts, dtype=np.float64)
+    return (
+        np.asarray(starts, dtype=np.float64),
+        np.asarray(counts, dtype=np.float64),
+        np.asarray(shares, dtype=np.float64),
+    )
 
 
 def _envelope_sum(
@@ -155,12 +172,15 @@ def _profiled_work(
 def _roofline_work(
     perf: PerfModel,
     tps: Sequence[int],
-    starts: np.ndarray,
+    kv_shares: np.ndarray,
     counts: np.ndarray,
     context_sum: float,
     prefill_tokens: int,
 ) -> float:
-    """GPU-seconds of the datasheet model (the module docstring's derivation)."""
+    """GPU-seconds of the datasheet model (the module docstring's derivation).
+
+    ``kv_shares``: each run's first token's least share of the KV cache (:func:`_runs`).
+    """
     hw, model = perf.hardware, perf.model
     bandwidth = hw.hbm_bandwidth_gbps * 1e9 * hw.bandwidth_efficiency  # per GPU
     flops = hw.bf16_tflops * 1e12 * hw.compute_efficiency  # per GPU
@@ -169,11 +189,11 @@ def _roofline_work(
     fixed = np.asarray([tp * perf._fixed_time(1, tp) for tp in tps], dtype=np.float64)
     weights = model.weight_bytes / bandwidth
     memory_side = (
-        _iteration_share_cost(weights + fixed, kv, perf.batch_cap, starts, counts)
+        _iteration_share_cost(weights + fixed, kv, perf.batch_cap, kv_shares, counts)
         + context_sum * model.kv_bytes_per_token / bandwidth
     )
     compute_side = (
-        _iteration_share_cost(fixed, kv, perf.batch_cap, starts, counts)
+        _iteration_share_cost(fixed, kv, perf.batch_cap, kv_shares, counts)
         + 2.0 * model.params_billion * 1e9 * tokens / flops
         + 4.0 * model.num_layers * model.hidden_size * context_sum / flops
     )
@@ -188,19 +208,25 @@ def lower_bound(scripts: Sequence[TrajectoryScript], cluster: ClusterSpec) -> Lo
         for tp in cluster.tensor_parallel_sizes
         if tp <= cluster.gpus and perf.kv_capacity_tokens(tp) > 0
     ]
-    starts, counts = _runs(scripts)
+    group_sizes: dict[str, int] = {}
+    prompts: dict[str, int] = {}
+    for s in scripts:
+        group_sizes[s.group_id] = group_sizes.get(s.group_id, 0) + 1
+        prompts[s.group_id] = min(s.prompt_tokens, prompts.get(s.group_id, s.prompt_tokens))
+    starts, counts, kv_shares = _runs(scripts, group_sizes)
     tokens = float(counts.sum())
     context_sum = float((counts * starts + counts * (counts - 1.0) / 2.0).sum())
-    prefill_tokens = sum(s.prompt_tokens + sum(s.tool_output_tokens) for s in scripts)
+    prefill_tokens = sum(prompts.values()) + sum(sum(s.tool_output_tokens) for s in scripts)
     if isinstance(perf, ProfiledPerfModel):
         work = _profiled_work(perf, tps, tokens, context_sum, prefill_tokens) / cluster.gpus
     else:
-        work = _roofline_work(perf, tps, starts, counts, context_sum, prefill_tokens)
+        work = _roofline_work(perf, tps, kv_shares, counts, context_sum, prefill_tokens)
         work /= cluster.gpus
     # Only the longest trajectories (by tokens or by tool time) can decide the serial bound.
     by_tokens = sorted(scripts, key=lambda s: -s.total_tokens)[:32]
     by_tools = sorted(scripts, key=lambda s: -sum(s.tool_latency_s))[:32]
     serial = max(
-        _serial_time(s, perf, tps) for s in {id(s): s for s in by_tokens + by_tools}.values()
+        _serial_time(s, perf, tps, group_sizes[s.group_id] > 1)
+        for s in {id(s): s for s in by_tokens + by_tools}.values()
     )
     return LowerBound(serial_s=serial, work_s=work)

@@ -32,6 +32,7 @@ class SimTrajectory:
     queued_since: float | None = None
     queue_delay_s: float = 0.0  # total time its steps waited to be admitted
     prefill_tokens: int = 0  # tokens (re)computed on admission
+    shared_prompt_tokens: int = 0  # its group's prompt found held by a sibling on admission
     finish_s: float | None = None
     migrating_to: str | None = None
     tool_done: bool = False  # the tool answered while a migration was under way
@@ -69,38 +70,79 @@ class _IdleCache:
     """Contexts kept in an engine's prefix cache while their trajectory is not running (LRU).
 
     Like vLLM's prefix cache: any newcomer may evict them, least recent first.
+    Each entry remembers its GRPO group and prompt length (:class:`_SharedPrompts`).
     """
 
     def __init__(self) -> None:
-        self.tokens: OrderedDict[str, int] = OrderedDict()
+        self.tokens: OrderedDict[str, tuple[int, str, int]] = OrderedDict()
         self.total = 0
 
     def __contains__(self, trajectory_id: str) -> bool:
         return trajectory_id in self.tokens
 
     def get(self, trajectory_id: str) -> int:
-        return self.tokens.get(trajectory_id, 0)
+        entry = self.tokens.get(trajectory_id)
+        return 0 if entry is None else entry[0]
 
-    def put(self, trajectory_id: str, tokens: int) -> None:
-        self.pop(trajectory_id)
-        self.tokens[trajectory_id] = tokens
+    def put(self, trajectory_id: str, tokens: int, group_id: str, prompt_tokens: int) -> None:
+        assert trajectory_id not in self.tokens  # the engine pops an old entry first
+        self.tokens[trajectory_id] = (tokens, group_id, prompt_tokens)
         self.total += tokens
 
-    def pop(self, trajectory_id: str) -> int:
-        tokens = self.tokens.pop(trajectory_id, 0)
-        self.total -= tokens
-        return tokens
+    def pop(self, trajectory_id: str) -> tuple[int, str, int] | None:
+        entry = self.tokens.pop(trajectory_id, None)
+        if entry is not None:
+            self.total -= entry[0]
+        return entry
 
-    def evict(self, amount: int, *, keep: str | None) -> int:
-        """Evict least recent entries until ``amount`` tokens are freed; return tokens freed."""
-        freed = 0
-        for tid in list(self.tokens):
-            if freed >= amount:
-                break
-            if tid == keep:
-                continue
-            freed += self.pop(tid)
-        return freed
+    def oldest(self, *, keep: str | None) -> str | None:
+        """The least recent entry other than ``keep`` (None when there is none)."""
+        for tid in self.tokens:
+            if tid != keep:
+                return tid
+        return None
+
+
+class _SharedPrompts:
+    """GRPO siblings' common prompt, held once in an engine's KV cache.
+
+    vLLM's prefix cache shares the blocks of an identical prompt between every
+    request that holds it, running or idle, so a group's prompt costs its
+    tokens once per engine however many siblings hold it there; a sibling
+    admitted while another holds it prefills only what follows the prompt.
+    ``saved_tokens`` is what the holders' contexts count beyond that one copy.
+    Siblings are known by group and prompt length (a group's samples share one
+    prompt). Attention still reads the prompt once per sequence: the decode
+    cost is unchanged.
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled  # off: every context holds its own prompt (SimConfig)
+        self.holders: dict[tuple[str, int], int] = {}
+        self.saved_tokens = 0
+
+    def held(self, group_id: str, prompt_tokens: int) -> bool:
+        return (group_id, prompt_tokens) in self.holders
+
+    def add(self, group_id: str, prompt_tokens: int) -> None:
+        if not self.enabled:
+            return
+        key = (group_id, prompt_tokens)
+        n = self.holders.get(key, 0)
+        if n:
+            self.saved_tokens += prompt_tokens
+        self.holders[key] = n + 1
+
+    def remove(self, group_id: str, prompt_tokens: int) -> None:
+        if not self.enabled:
+            return
+        key = (group_id, prompt_tokens)
+        n = self.holders[key] - 1
+        if n:
+            self.holders[key] = n
+            self.saved_tokens -= prompt_tokens
+        else:
+            del self.holders[key]
 
 
 class SimEngine:
@@ -130,6 +172,7 @@ class SimEngine:
         instance: EngineInstance,
         perf: PerfModel,
         priority: Callable[[Trajectory], float],
+        share_prompts: bool = True,
     ) -> None:
         self.instance = instance
         self.perf = perf
@@ -148,6 +191,8 @@ class SimEngine:
         # so the heap stays valid; entries of steps that left are skipped lazily.
         self._queue: list[tuple[float, str]] = []
         self.cache = _IdleCache()
+        # A group's prompt, held once by running requests and idle caches alike.
+        self.prompts = _SharedPrompts(share_prompts)
         self.segment: Segment | None = None
         self.version = 0  # bumps whenever the pending wake-up is superseded
         self.pending_prefill_tokens = 0  # migrations warming this engine's cache
@@ -191,19 +236,35 @@ class SimEngine:
         if self.on_load_change is not None:
             self.on_load_change(self)
 
+    @property
+    def kv_used_tokens(self) -> int:
+        """Tokens in the KV cache: running contexts and idle caches, shared prompts once."""
+        return self.running_context + self.cache.total - self.prompts.saved_tokens
+
     def _free_kv(self, needed: int, keep: str | None = None) -> bool:
         """Make room for ``needed`` more tokens, evicting idle caches least recent first.
 
         ``keep``'s own cache never goes (it is about to be used).
         """
-        short = self.running_context + self.cache.total + needed - self.instance.kv_capacity_tokens
-        if short <= 0:
-            return True
-        return self.cache.evict(short, keep=keep) >= short
+        capacity = self.instance.kv_capacity_tokens
+        while self.kv_used_tokens + needed > capacity:
+            oldest = self.cache.oldest(keep=keep)
+            if oldest is None:
+                return False
+            self.release_cache(oldest)
+        return True
+
+    def _reusable(self, sim: SimTrajectory) -> int:
+        """Tokens of ``sim``'s context this engine holds: its own cache, or its group's prompt."""
+        traj = sim.traj
+        own = min(self.cache.get(sim.id), traj.context_tokens)
+        shared = traj.prompt_tokens if self.prompts.held(traj.group_id, traj.prompt_tokens) else 0
+        return max(own, min(shared, traj.context_tokens))
 
     def _run(self, sim: SimTrajectory) -> None:
         self.running[sim.id] = sim
         self.running_context += sim.traj.context_tokens
+        self.prompts.add(sim.traj.group_id, sim.traj.prompt_tokens)
         self._run_seq += 1
         sim.run_seq = self._run_seq
         sim.credited_at = self.clock
@@ -229,6 +290,7 @@ class SimEngine:
         over = self._credit(sim)
         del self.running[sim.id]
         self.running_context -= sim.traj.context_tokens + over
+        self.prompts.remove(sim.traj.group_id, sim.traj.prompt_tokens)
         self.generated_tokens -= over
         self._load_changed()
 
@@ -251,7 +313,12 @@ class SimEngine:
 
     def keep(self, sim: SimTrajectory) -> None:
         """A step ended and a tool call began: its context stays in the prefix cache (LRU)."""
-        self.cache.put(sim.id, sim.traj.context_tokens)
+        self._cache_put(sim.traj, sim.traj.context_tokens)
+
+    def _cache_put(self, traj: Trajectory, tokens: int) -> None:
+        self.release_cache(traj.id)
+        self.cache.put(traj.id, tokens, traj.group_id, traj.prompt_tokens)
+        self.prompts.add(traj.group_id, traj.prompt_tokens)
 
     # -- queueing -------------------------------------------------------------
     def enqueue(self, sim: SimTrajectory, now: float) -> None:
@@ -266,12 +333,27 @@ class SimEngine:
         return len(self.running) < self.perf.batch_cap
 
     def release_cache(self, trajectory_id: str) -> int:
-        return self.cache.pop(trajectory_id)
+        """Drop a trajectory's idle cache; return its tokens."""
+        entry = self.cache.pop(trajectory_id)
+        if entry is None:
+            return 0
+        tokens, group_id, prompt_tokens = entry
+        self.prompts.remove(group_id, prompt_tokens)
+        return tokens
 
-    def warm(self, trajectory_id: str, tokens: int) -> None:
-        """A migration imports a context: prefill it (next segment) and keep it cached."""
-        self.pending_prefill_tokens += tokens
-        self.cache.put(trajectory_id, tokens)
+    def forget_idle(self) -> None:
+        """Every idle cache goes (new weights void them; a retired pod takes them along)."""
+        for tid in list(self.cache.tokens):
+            self.release_cache(tid)
+        self.pending_prefill_tokens = 0
+
+    def warm(self, sim: SimTrajectory) -> None:
+        """A migration imports a context: prefill it (next segment) and keep it cached.
+
+        Its group's prompt, when a sibling holds it here, comes from the prefix cache.
+        """
+        self.pending_prefill_tokens += sim.traj.context_tokens - self._reusable(sim)
+        self._cache_put(sim.traj, sim.traj.context_tokens)
 
     # -- segments -------------------------------------------------------------
     def finish_segment(self, now: float) -> list[SimTrajectory]:
@@ -357,13 +439,18 @@ class SimEngine:
             sim = sim_or_none
             if len(self.running) >= cap:
                 break
-            own = min(self.cache.get(sim.id), sim.traj.context_tokens)
-            if not self._free_kv(sim.traj.context_tokens - own, sim.id):
+            context = sim.traj.context_tokens
+            # Twice: evicting an idle sibling can take the group's prompt with it.
+            if not (
+                self._free_kv(context - self._reusable(sim), sim.id)
+                and self._free_kv(context - self._reusable(sim), sim.id)
+            ):
                 break
             heapq.heappop(queue)
             del self.waiting[sim.id]
-            cached = min(self.release_cache(sim.id), sim.traj.context_tokens)
-            new_tokens = sim.traj.context_tokens - cached
+            reusable = self._reusable(sim)
+            new_tokens = context - reusable
+            sim.shared_prompt_tokens += reusable - min(self.release_cache(sim.id), context)
             prefill += new_tokens
             sim.prefill_tokens += new_tokens
             if sim.queued_since is not None:
@@ -395,9 +482,13 @@ class SimEngine:
         context = self.running_context
         k, tau = (0, 1.0) if self.speculation is None else self.speculation(self, now)
         left = self._fewest_left()
-        iterations = max(1, math.ceil(left / tau - 1e-9)) if tau != 1.0 else int(left)
-        room = self.instance.kv_capacity_tokens - context - self.cache.total
-        if context + iterations * batch * tau > self.instance.kv_capacity_tokens:
+        # At least one: after speculative segments the clock is fractional, and a plain
+        # segment's step can end within one iteration (int() gave 0: an endless loop).
+        iterations = max(1, math.ceil(left / tau - 1e-9))
+        room = self.instance.kv_capacity_tokens - self.kv_used_tokens
+        # The running batch's growth overflows the cache (idle caches give way when the
+        # segment ends: relieve_kv_pressure); then stop where the idle ones must go.
+        if iterations * batch * tau > room + self.cache.total:
             iterations = max(1, int(room // (batch * tau))) if room > 0 else 1
         prefill_s = self.perf.prefill_time(prefill_tokens, self.instance.tp) + host_s
         decode_s = self.perf.segment_time(batch, context, self.instance.tp, iterations, k, tau)
@@ -443,8 +534,7 @@ def interrupt_engine(engine: SimEngine, now: float) -> list[SimTrajectory]:
 
 def drop_caches(engine: SimEngine) -> None:
     """Forget every idle context: its KV came from weights the engine no longer holds."""
-    engine.cache = _IdleCache()
-    engine.pending_prefill_tokens = 0
+    engine.forget_idle()
 
 
 def requeue(engine: SimEngine) -> None:

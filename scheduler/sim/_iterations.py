@@ -575,7 +575,7 @@ class IterationSimulator(Simulator):
             for s in self.sims.values()
             if s.id in self.first_version
         )
-        prefilled = sum(s.prefill_tokens for s in self.sims.values())
+        prefilled = sum(s.prefill_tokens + s.shared_prompt_tokens for s in self.sims.values())
         samples = int(lengths.size)
         policy = self.iter_policy
         return IterationResult(

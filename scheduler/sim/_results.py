@@ -41,6 +41,7 @@ class SimResult:
     preemptions: int
     reshapes: int
     recompute_tokens: int  # prefill beyond each trajectory's first prompt (cache misses)
+    shared_prompt_tokens: int  # prompt tokens a sibling held in the prefix cache, not prefilled
     events: int
     predictor: dict[str, dict[str, float]] = field(default_factory=dict)
     utilisation: list[tuple[float, float]] = field(default_factory=list)  # (t, busy GPU share)
@@ -161,7 +162,10 @@ def summarise(sim: Simulation, events: int) -> SimResult:
         migrations=sim.migrations,
         preemptions=sum(e.preemptions for e in sim.engines.values()),
         reshapes=int(sim.reshaped) + len(sim.merges),
-        recompute_tokens=max(0, sum(s.prefill_tokens for s in sims) - first_prefill),
+        recompute_tokens=max(
+            0, sum(s.prefill_tokens + s.shared_prompt_tokens for s in sims) - first_prefill
+        ),
+        shared_prompt_tokens=sum(s.shared_prompt_tokens for s in sims),
         events=events,
         predictor=_predictor_quality(sim),
         utilisation=_utilisation(sim, makespan),

@@ -112,6 +112,10 @@ class SimConfig:
     tail_merge: TailMergeConfig = field(default_factory=TailMergeConfig)
     # Speculative decoding on every engine (sim/_speculation.py); None: plain decode.
     speculation: SimSpeculation | None = None
+    # A GRPO group's prompt held once per engine, as vLLM's prefix cache shares it
+    # (sim/_entities.py); False: each context holds and prefills its own, the model
+    # before 2026-11-26 (the pinned runs of tests/scheduler/sim/test_recorded_runs.py).
+    shared_prompts: bool = True
 
     def __post_init__(self) -> None:
         if self.replan_interval_s <= 0:
@@ -210,7 +214,9 @@ class Simulator:
         for tp in self.shape.tps():
             inst = self.perf.instance(f"tp{tp}-{next(self._counter)}", tp)
             self._check_fits(inst)
-            self.engines[inst.name] = SimEngine(inst, self.perf, self.ordering.priority)
+            self.engines[inst.name] = SimEngine(
+                inst, self.perf, self.ordering.priority, self.config.shared_prompts
+            )
         self.speculator: EngineSpeculator | None = None
         self.colocation: str = "off"  # the co-location decision, for the report
         if self.config.speculation is not None and self.config.speculation.config.enabled:
@@ -358,7 +364,7 @@ class Simulator:
         self._draining.discard(name)
         self._retired.add(name)
         self.retired_at[name] = now
-        engine.cache = type(engine.cache)()  # its prefix cache goes with the pod
+        engine.forget_idle()  # its prefix cache goes with the pod
         merge = self._merge
         assert merge is not None
         if not any(n in self._draining for n in merge.engines):
@@ -369,7 +375,9 @@ class Simulator:
         merge = self._merge
         assert merge is not None
         inst = self.perf.instance(f"tp{merge.tp}-{next(self._counter)}", merge.tp)
-        self.engines[inst.name] = SimEngine(inst, self.perf, self.ordering.priority)
+        self.engines[inst.name] = SimEngine(
+            inst, self.perf, self.ordering.priority, self.config.shared_prompts
+        )
         attach([self.engines[inst.name]], self.speculator)
         self._live_view = self._build_view()
         started, _, _ = self.merges[-1]
@@ -498,7 +506,7 @@ class Simulator:
         sim = self.sims[move.trajectory_id]
         self.engines[move.source].release_cache(sim.id)
         destination = self.engines[move.destination]
-        destination.warm(sim.id, sim.traj.context_tokens)
+        destination.warm(sim)
         self._kick(destination, now, arrival=False)
         sim.migrating_to = move.destination
         sim.migrations += 1
