@@ -467,6 +467,9 @@ def format_fidelity(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+_WORKERS = 2  # local vLLM workers at TP1, one per core of the 2-core hosts this runs on
+
+
 def run_fidelity(args: Any, out: Path) -> dict[str, Any]:
     """``heddle bench profile|fidelity`` (the CLI's arguments)."""
     from heddle.rollout import (  # noqa: PLC0415
@@ -474,7 +477,7 @@ def run_fidelity(args: Any, out: Path) -> dict[str, Any]:
         local_model_dir,
     )
 
-    from ._profile import bench_profile, profile_grid  # noqa: PLC0415
+    from ._profile import bench_profile, profile_grid, rollout_per_worker  # noqa: PLC0415
 
     grid = profile_grid(args.max_num_seqs, args.profile_contexts, args.profile_prefills)
     out.mkdir(parents=True, exist_ok=True)
@@ -489,11 +492,18 @@ def run_fidelity(args: Any, out: Path) -> dict[str, Any]:
             )
     name = f"vllm-cpu-{Path(args.model or 'tiny').name.lower()}"
     measured = str((out / f"profile-{name}.json").resolve())
+    workload = load_workload(args.workload or "fidelity")
+    if args.prompts:
+        workload = dataclasses.replace(workload, prompts=args.prompts)
+    per_worker = rollout_per_worker(
+        args.trajectories, None if args.target == "profile" else workload.trajectories, _WORKERS
+    )
     if args.target == "profile" or (args.profile is None and engine == "vllm"):
         model = local_model_dir(args.model or "tiny", None)
         bench_profile(
             model=model, repeats=max(1, args.rounds), seed=args.seed, out=out, name=name,
             batches=grid.batches, contexts=grid.contexts, prefills=grid.prefills,
+            workers=_WORKERS, rollout_trajectories=per_worker,
         )  # fmt: skip
         if args.target == "profile":
             return dict(load_profile(measured).raw)
@@ -502,9 +512,6 @@ def run_fidelity(args: Any, out: Path) -> dict[str, Any]:
     given = args.profile
     ref = str(Path(given).resolve()) if given and Path(given).is_file() else (given or default)
     profile = load_profile(ref)
-    workload = load_workload(args.workload or "fidelity")
-    if args.prompts:
-        workload = dataclasses.replace(workload, prompts=args.prompts)
     cluster_file = None
     if engine == "sim":  # the sim workers run on the same profile, in real time
         cluster_file = out / "cluster-fidelity.yaml"
@@ -530,13 +537,14 @@ def run_fidelity(args: Any, out: Path) -> dict[str, Any]:
         bench_profile(
             model=model, repeats=1, seed=args.seed + 1, out=out, name=after,
             batches=grid.batches, contexts=grid.contexts, prefills=grid.prefills,
+            workers=_WORKERS, rollout_trajectories=per_worker,
         )  # fmt: skip
         return load_profile(str((out / f"profile-{after}.json").resolve()))
 
     if args.reprofile and engine != "vllm":
         raise ConfigError("--reprofile measures vLLM workers; drop it with --engine sim")
     result = bench_fidelity(
-        workload=workload, profile=profile, policies=policies, options=options, workers=2,
+        workload=workload, profile=profile, policies=policies, options=options, workers=_WORKERS,
         rounds=args.rounds, seed=args.seed, out=out, reprofile=again if args.reprofile else None,
     )  # fmt: skip
     print(format_fidelity(result))

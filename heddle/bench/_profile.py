@@ -51,15 +51,19 @@ __all__ = [
     "DEFAULT_BATCHES",
     "DEFAULT_CONTEXTS",
     "DEFAULT_PREFILLS",
+    "DEFAULT_ROLLOUT_TRAJECTORIES",
     "ProfileGrid",
     "bench_profile",
     "model_spec_of",
     "profile_grid",
+    "rollout_per_worker",
 ]
 
 DEFAULT_BATCHES = (1, 2, 4, 8)
 DEFAULT_CONTEXTS = (64, 1024, 3000)
 DEFAULT_PREFILLS = (32, 256, 1024, 2048, 3500)
+# The rollout-shaped load's trajectories over all workers: the fidelity workload's 64.
+DEFAULT_ROLLOUT_TRAJECTORIES = 64
 _DECODE_TOKENS = 64  # per measurement: ~0.5 s of decoding, long against scheduler jitter
 _ROLLOUT_TURNS = 3  # per trajectory of the rollout-shaped load (the fidelity workload's median)
 _ROLLOUT_PROMPT_WORDS = 100
@@ -81,9 +85,10 @@ class ProfileGrid:
 def profile_grid(max_num_seqs: int, contexts: str | None, prefills: str | None) -> ProfileGrid:
     """``bench_profile``'s grid from the CLI: batches in powers of two up to the batch cap.
 
-    A real model profiles slower than the tiny one (SmolLM2 prefilled 23-31
-    tokens/s on a loaded 2-core host), so the contexts and prefills can be cut to
-    what the workload reaches; the defaults are the shipped profile's.
+    A real model profiles slower than the tiny one, and far slower on a loaded
+    host (SmolLM2's 1,024-token prefill: 0.72 s on a quiet 2-core host, 45 s
+    beside other benchmarks), so the contexts and prefills can be cut to what
+    the workload reaches; the defaults are the shipped profile's.
     """
     if max_num_seqs < 1:
         raise ConfigError(f"--max-num-seqs {max_num_seqs}: write a whole number from 1, e.g. 8")
@@ -104,6 +109,23 @@ def profile_grid(max_num_seqs: int, contexts: str | None, prefills: str | None) 
             )
         grid[key] = tuple(sorted(set(values)))
     return ProfileGrid((*batches, max_num_seqs), grid["contexts"], grid["prefills"])
+
+
+def rollout_per_worker(trajectories: int | None, workload: int | None, workers: int) -> int:
+    """Trajectories per worker of the rollout-shaped load: the rollout's, over the workers.
+
+    The time a step spends outside the engine grows with the trajectories in
+    flight, so the load runs as many as the rollout the profile is for:
+    ``trajectories`` (``--trajectories``) when given, else the workload's
+    (``bench fidelity``), else :data:`DEFAULT_ROLLOUT_TRAJECTORIES`.
+    """
+    total = trajectories if trajectories is not None else workload or DEFAULT_ROLLOUT_TRAJECTORIES
+    if total < 1:
+        raise ConfigError(
+            f"--trajectories {total}: write the rollout's trajectories, a whole number from 1, "
+            f"e.g. {DEFAULT_ROLLOUT_TRAJECTORIES}"
+        )
+    return -(-total // workers)
 
 
 _FILLER = ("the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "seven", "wizards")
@@ -424,7 +446,7 @@ def bench_profile(
     out: Path,
     name: str = "vllm-cpu-tiny",
     workers: int = 2,
-    rollout_trajectories: int = 32,
+    rollout_trajectories: int = DEFAULT_ROLLOUT_TRAJECTORIES // 2,
     rollout_seconds: float = 20.0,
     progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:

@@ -628,7 +628,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p_bench.add_argument("--cluster", default="64xh100", help="preset name or YAML file")
     p_bench.add_argument(
-        "--trajectories", type=int, default=None, help="4096; 10000 for 'control-loop'"
+        "--trajectories",
+        type=int,
+        default=None,
+        help="4096; 10000 for 'control-loop'; 'profile' and 'fidelity': the rollout whose "
+        "step overhead the profile's rollout-shaped load measures (64 for 'profile', the "
+        "workload's for 'fidelity'), split over the workers",
     )
     p_bench.add_argument(
         "--engine", choices=("vllm", "sim"), default="vllm", help="for 'engines': local workers"

@@ -10,9 +10,11 @@ from heddle.bench._profile import (
     DEFAULT_BATCHES,
     DEFAULT_CONTEXTS,
     DEFAULT_PREFILLS,
+    DEFAULT_ROLLOUT_TRAJECTORIES,
     ProfileGrid,
     _overhead_summary,
     profile_grid,
+    rollout_per_worker,
     rollout_scales,
 )
 from heddle.exceptions import ConfigError
@@ -78,3 +80,17 @@ def test_a_bad_grid_is_one_sentence_before_any_worker_starts(
 ) -> None:
     with pytest.raises(ConfigError, match="^" + re.escape(says)):
         profile_grid(cap, contexts, prefills)
+
+
+def test_the_rollout_shaped_load_runs_the_rollouts_trajectories_over_the_workers() -> None:
+    # bench profile alone: the fidelity workload's 64, 32 per worker.
+    assert rollout_per_worker(None, None, 2) == DEFAULT_ROLLOUT_TRAJECTORIES // 2 == 32
+    # bench fidelity: the workload's (24 trajectories of engines-tail-small).
+    assert rollout_per_worker(None, 24, 2) == 12
+    # --trajectories wins, and an odd count rounds up.
+    assert rollout_per_worker(25, 24, 2) == 13
+
+
+def test_a_bad_rollout_size_is_one_sentence() -> None:
+    with pytest.raises(ConfigError, match=r"^--trajectories 0: write the rollout's trajectories"):
+        rollout_per_worker(0, 24, 2)
