@@ -36,7 +36,7 @@ from ._builders import LABEL_POOL
 from ._jobs import JobContext, delete_session_pods, run_job
 from ._kube import KubeClient
 from ._pools import PoolRuntime, reconcile_pool
-from ._session_builders import SESSION_METRICS_PORT, SessionPodOptions
+from ._session_builders import SessionPodOptions
 from ._session_status import SessionPublished
 
 __all__ = ["OperatorConfig", "build_registry", "run_operator"]
@@ -69,7 +69,7 @@ class OperatorConfig:
     tool_hosts: HostAllowList = field(default_factory=HostAllowList)  # empty: nowhere
     pod_policy: PodPolicy = field(default_factory=PodPolicy)  # what tenants' pods may ask for
     session_image: str = _POD.image  # session pods' image (the operator's own)
-    session_metrics_port: int = SESSION_METRICS_PORT  # each session pod's Prometheus port; 0: off
+    session_metrics_port: int = _POD.metrics_port  # each session pod's Prometheus port; 0: off
     job_poll_s: float = 1.0  # how often a job's daemon looks at its session pod
 
     def session_pod_options(self) -> SessionPodOptions:

@@ -123,7 +123,7 @@ class SessionPodOptions:
     image: str = DEFAULT_SESSION_IMAGE  # a job's spec.session.image wins
     base_dir: Path = DATA_ROOT  # relative paths of a job resolve inside it
     status_interval_s: float = 1.0  # status patches at most this often
-    metrics_port: int = 0  # the session's Prometheus port; 0: off
+    metrics_port: int = SESSION_METRICS_PORT  # the session's Prometheus port; 0: off
     session: SessionConfig = field(default_factory=SessionConfig)
     tool_hosts: HostAllowList = field(default_factory=HostAllowList)  # empty: nowhere
     policy: PodPolicy | None = None  # what spec.session may ask for (the operator's own)

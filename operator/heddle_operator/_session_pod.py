@@ -57,7 +57,6 @@ from ._job_status import FINISHED, JobStatus, progress_fields
 from ._kube import CONFIGMAPS, ENGINEPOOLS, ROLLOUTJOBS, ApiError, KubeClient, RetryPolicy
 from ._session_builders import (
     GATEWAY_PORT,
-    SESSION_METRICS_PORT,
     SessionPodOptions,
     gateway_url,
     trainer_secret_name,
@@ -92,7 +91,7 @@ class SessionPodConfig:
     gateway_port: int = GATEWAY_PORT
     gateway_linger_s: float = 3.0  # served on after the end, so polling agents hear of it
     trainer_port: int = 0  # the trainer API's port (token: HEDDLE_TRAINER_TOKEN); 0: off
-    metrics_port: int = SESSION_METRICS_PORT  # Prometheus /metrics (``heddle session``); 0: off
+    metrics_port: int = _POD.metrics_port  # Prometheus /metrics (``heddle session``); 0: off
 
 
 def ready_workers(

@@ -17,12 +17,14 @@ from heddle.rollout import DATA_ROOT, SessionConfig
 
 def test_the_operator_passes_the_session_pod_defaults_unless_told_otherwise() -> None:
     pod, options = SessionPodOptions(), OperatorConfig().session_pod_options()
-    assert (options.image, options.base_dir, options.status_interval_s, options.session) == (
-        pod.image,
-        pod.base_dir,
-        pod.status_interval_s,
-        pod.session,
-    )
+    assert (
+        options.image,
+        options.base_dir,
+        options.status_interval_s,
+        options.metrics_port,
+        options.session,
+    ) == (pod.image, pod.base_dir, pod.status_interval_s, pod.metrics_port, pod.session)
+    assert pod.metrics_port == 9090  # docs/operator.md: each session pod serves /metrics there
     assert pod.base_dir == DATA_ROOT
     told = SessionPodConfig(namespace="ns", job="j")
     assert (told.base_dir, told.status_interval_s) == (pod.base_dir, pod.status_interval_s)

@@ -43,7 +43,8 @@ def _pod(block: dict[str, Any] | None = None, **options: Any) -> dict[str, Any]:
     if block is not None:
         body["spec"]["session"] = block
     job = RolloutJobSpec.from_manifest(body)
-    return session_pod(job, body, SessionPodOptions(**options))
+    # Metrics off unless a test asks: the ports a job's own features add then stand alone.
+    return session_pod(job, body, SessionPodOptions(**{"metrics_port": 0, **options}))
 
 
 def test_the_session_pod_runs_heddle_session_for_its_job_owned_by_it() -> None:
@@ -151,7 +152,7 @@ def test_an_external_job_gets_its_gateways_secret_service_and_port() -> None:
     body["spec"]["environment"] = {"type": "external"}
     body["spec"]["tasks"] = {"inline": [{"prompt": "x"}]}
     job = RolloutJobSpec.from_manifest(body)
-    pod = session_pod(job, body, SessionPodOptions())
+    pod = session_pod(job, body, SessionPodOptions(metrics_port=0))
     (container,) = pod["spec"]["containers"]
     assert container["command"][-4:] == ["--gateway-host", "0.0.0.0", "--gateway-port", "8080"]
     env = {e["name"]: e for e in container["env"]}
@@ -175,7 +176,7 @@ def test_a_trainer_api_job_gets_its_token_secret_clusterip_service_and_port() ->
     body = copy.deepcopy(JOB)
     body["spec"]["asynchrony"] = {"groupsPerIteration": 2, "trainerApi": True}
     job = RolloutJobSpec.from_manifest(body)
-    (container,) = session_pod(job, body, SessionPodOptions())["spec"]["containers"]
+    (container,) = session_pod(job, body, SessionPodOptions(metrics_port=0))["spec"]["containers"]
     assert container["command"][-4:] == ["--gateway-host", "0.0.0.0", "--trainer-port", "8081"]
     env = {e["name"]: e for e in container["env"]}
     assert env["HEDDLE_TRAINER_TOKEN"]["valueFrom"]["secretKeyRef"] == {
@@ -199,7 +200,7 @@ def test_a_trainer_api_job_gets_its_token_secret_clusterip_service_and_port() ->
     assert trainer_url("j", "rl") == "http://j-trainer.rl.svc:8081"
     # Without trainerApi (a quota alone): no trainer port, token or flag.
     body["spec"]["asynchrony"] = {"groupsPerIteration": 2}
-    plain = session_pod(RolloutJobSpec.from_manifest(body), body, SessionPodOptions())
+    plain = session_pod(RolloutJobSpec.from_manifest(body), body, SessionPodOptions(metrics_port=0))
     (container,) = plain["spec"]["containers"]
     assert "--trainer-port" not in container["command"] and "ports" not in container
     assert "HEDDLE_TRAINER_TOKEN" not in {e["name"] for e in container["env"]}
