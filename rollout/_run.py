@@ -36,7 +36,12 @@ from heddle.scheduler import (
 from heddle.scheduler.sim import SimulatedShapePlanner
 from heddle.worker import Speculation, WorkerEndpoint
 
-from ._colocation import ColocationVerdict, apply_colocation, live_colocation
+from ._colocation import (
+    ColocationVerdict,
+    apply_colocation,
+    live_colocation,
+    sim_speculation_for,
+)
 from ._drafts_feed import DRAFTING_METHODS, DraftsFeed, pool_corpus
 from ._environments import Environment, SyntheticEnvironment, synthetic_tasks
 from ._external import ExternalEnvironment
@@ -240,14 +245,15 @@ class PoolPlan:
     max_trajectories_in_flight: int | None = None
 
 
-def plan_pool(local: LocalJob, perf: PerfModel) -> PoolPlan:
+def plan_pool(local: LocalJob, perf: PerfModel, speculation: Speculation | None = None) -> PoolPlan:
     """A pinned shape as given; otherwise planned from the predictor's prior (no history).
 
     The same planner as the simulator's (:class:`SimulatedShapePlanner`): each
     candidate shape is scored by a scaled-down simulation of the predicted
     trajectories (their lengths and turns from the predictor's prior; tool
     latency and reply length from the synthetic workload when there is one),
-    so the KV cache, recompute, the batch cap and tool time count.
+    so the KV cache, recompute, the batch cap and tool time count, with the
+    pool's speculation (``speculation`` overrides it, as in :func:`live_colocation`).
     """
     pool = local.pool
     if pool.shape is not None:
@@ -268,7 +274,8 @@ def plan_pool(local: LocalJob, perf: PerfModel) -> PoolPlan:
     )
     # No running shape to weigh a reshape against: the pool takes the plan (the
     # operator reshapes to it), and its fallback and cap were scored on that shape.
-    plan = SimulatedShapePlanner(perf, config).plan_history(
+    spec = sim_speculation_for(speculation or pool.speculation)
+    plan = SimulatedShapePlanner(perf, config, speculation=spec).plan_history(
         sketch.records,
         None,
         tool_means_s=sketch.tool_means_s,
@@ -412,7 +419,7 @@ async def run_local(
     ``OUTPUT.trainer.json`` say where.
     """
     perf = perf_model_for(local.pool, options)
-    plan = plan_pool(local, perf)
+    plan = plan_pool(local, perf, options.speculation)
     shape = plan.shape
     colocation = live_colocation(
         local, shape, plan.policy, plan.max_trajectories_in_flight, perf, options.speculation

@@ -7,6 +7,7 @@ import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from heddle.exceptions import ConfigError, HeddleError
 
@@ -267,9 +268,9 @@ class Simulator:
             tensor_parallel_sizes=self.cluster.tensor_parallel_sizes,
             reshape_s=self.config.initial_reshape_s,
         )
-        plan = SimulatedShapePlanner(self.perf, config).plan_history(
-            records, baseline, tool_means_s=self.tool_means_s, policy=self.policy.name
-        )
+        plan = SimulatedShapePlanner(
+            self.perf, config, speculation=self.config.speculation
+        ).plan_history(records, baseline, tool_means_s=self.tool_means_s, policy=self.policy.name)
         if plan.fallback_policy is not None and self.config.max_trajectories_per_engine is None:
             self.config = replace(
                 self.config, max_trajectories_per_engine=plan.max_trajectories_per_engine
@@ -689,7 +690,25 @@ def judge_colocation(
 
 
 class SimulatedShapePlanner(ReplicaShapePlanner):
-    """The shape planner whose mini-simulations run this simulator (see :mod:`._plan`)."""
+    """The shape planner whose mini-simulations run this simulator (see :mod:`._plan`).
+
+    ``speculation``: the run's (None: plain decode). Every candidate is scored with it,
+    as the run will speculate whichever it picks: a cap that wins on plain decode can
+    lose with drafts (groups are kept whole only by the co-location decision, later).
+    """
+
+    def __init__(
+        self,
+        perf: PerfModel,
+        config: ShapeConfig,
+        *,
+        speculation: SimSpeculation | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(perf, config, **options)
+        self.speculation = (
+            None if speculation is None else replace(speculation, colocate_groups=False)
+        )
 
     def _makespan(self, run: ReplicaRun) -> float:
         sim = Simulator(
@@ -700,6 +719,10 @@ class SimulatedShapePlanner(ReplicaShapePlanner):
             history=run.history,
             shape=run.shape,
             perf=self.perf,
-            config=SimConfig(max_trajectories_per_engine=run.cap, planner_cost=None),
+            config=SimConfig(
+                max_trajectories_per_engine=run.cap,
+                planner_cost=None,
+                speculation=self.speculation,
+            ),
         )
         return sim.run().makespan_s

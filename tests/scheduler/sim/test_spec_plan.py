@@ -3,6 +3,8 @@ routing, and the drafting corpus the session seeds (siblings after a push, histo
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from heddle.scheduler import (
@@ -10,6 +12,7 @@ from heddle.scheduler import (
     ClusterSpec,
     FinishedTrajectory,
     PoolShape,
+    ShapeConfig,
     SpeculationConfig,
     TrajectoryScript,
     get_policy,
@@ -18,9 +21,11 @@ from heddle.scheduler.sim import (
     GroupStickyPlacement,
     SimConfig,
     SimSpeculation,
+    SimulatedShapePlanner,
     Simulator,
     heddle_speculation,
 )
+from heddle.scheduler.sim._plan import ReplicaRun
 
 SUFFIX = SpeculationConfig("suffix", None)
 DEFAULT = ACCEPTANCE_PRESETS["default"]
@@ -59,13 +64,17 @@ def history_of(scripts: list[TrajectoryScript]) -> list[FinishedTrajectory]:
     ]
 
 
-def heddle_run(scripts: list[TrajectoryScript], spec: SimSpeculation) -> Simulator:
+def heddle_run(
+    scripts: list[TrajectoryScript], spec: SimSpeculation, shape: PoolShape | None = None
+) -> Simulator:
+    """Heddle's run; with ``shape`` its own scheduling there (no planned fallback)."""
     return Simulator(
         scripts,
         CLUSTER,
         get_policy("heddle"),
         tool_means_s={"tool": 0.2},
         history=history_of(scripts),
+        shape=shape,
         config=SimConfig(speculation=spec),
     )
 
@@ -122,12 +131,15 @@ def test_with_seeded_siblings_only_a_simulation_of_the_pool_decides() -> None:
 def test_seeded_siblings_count_only_after_their_text_is_pushed() -> None:
     scripts = groups_of([1200] * 8, turns=3)
     alone = {"colocate_groups": False, "seed_history": 0, "k_table": False}
+    # One routing for all three (the planner scores its fallbacks with each run's
+    # speculation, and a routing that moves steps would make the texts differ by timing).
+    own = PoolShape.of({1: 4})
     plain = heddle_run(
-        scripts, heddle_speculation(SUFFIX, DEFAULT, seed_siblings=False, **alone)
+        scripts, heddle_speculation(SUFFIX, DEFAULT, seed_siblings=False, **alone), own
     ).run()
     late = SimSpeculation(SUFFIX, DEFAULT, seed_siblings=True, push_interval_s=1e9, **alone)
-    never = heddle_run(scripts, late).run()
-    pushed = heddle_run(scripts, heddle_speculation(SUFFIX, DEFAULT, **alone)).run()
+    never = heddle_run(scripts, late, own).run()
+    pushed = heddle_run(scripts, heddle_speculation(SUFFIX, DEFAULT, **alone), own).run()
     # Texts that never arrive draft nothing; their insertion still costs the engines.
     assert never.speculation["tokens_per_step"] == plain.speculation["tokens_per_step"]
     assert never.makespan_s >= plain.makespan_s
@@ -148,3 +160,24 @@ def test_history_is_seeded_where_it_pays_and_not_for_a_predicted_nothing() -> No
     # 16 samples of 1,200 tokens per group, at most once for each engine and group.
     assert seeded.speculation["seeded"]["tokens"] <= 4 * 8 * 16 * 1200
     assert seeded.speculation["tokens_per_step"] > plain.run().speculation["tokens_per_step"]
+
+
+def test_the_shape_planner_scores_its_candidates_with_the_runs_speculation() -> None:
+    # The run speculates whichever fallback and cap the planner picks, so each candidate's
+    # mini-simulation speculates too (a cap that wins on plain decode can lose with drafts).
+    scripts = groups_of([1200, 300] * 4)
+    spec = heddle_speculation(SUFFIX, DEFAULT, **NO_SEEDING)
+    config = ShapeConfig(gpu_budget=4, gpus_per_node=4, tensor_parallel_sizes=(1,))
+    run = ReplicaRun(scripts, CLUSTER, "verl", {"tool": 0.2}, (), PoolShape.of({1: 4}), 8)
+    perf = CLUSTER.perf_model()
+    scored = SimulatedShapePlanner(perf, config, speculation=spec)._makespan(run)
+    plain = SimulatedShapePlanner(perf, config)._makespan(run)
+    direct = Simulator(
+        scripts, CLUSTER, get_policy("verl"), tool_means_s={"tool": 0.2},
+        shape=PoolShape.of({1: 4}), perf=perf,
+        config=SimConfig(
+            max_trajectories_per_engine=8, planner_cost=None,
+            speculation=replace(spec, colocate_groups=False),  # the co-location decision's, later
+        ),
+    ).run()  # fmt: skip
+    assert scored == direct.makespan_s < plain
