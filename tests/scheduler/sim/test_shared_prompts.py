@@ -39,26 +39,23 @@ def _sim(script: TrajectoryScript) -> SimTrajectory:
     return sim
 
 
-def test_siblings_prefill_their_prompt_once_and_hold_it_once() -> None:
+@pytest.mark.parametrize(
+    ("groups", "prefills", "kv"),
+    [(("g", "g"), (3000, 0), 3000), (("g1", "g2"), (3000, 3000), 6000)],
+    ids=["siblings prefill and hold their prompt once", "strangers share nothing"],
+)
+def test_a_prompt_is_prefilled_and_held_once_per_group(
+    groups: tuple[str, str], prefills: tuple[int, int], kv: int
+) -> None:
     engine = _engine()
-    a, b = _sim(_script("a", "g", 3000, (100,))), _sim(_script("b", "g", 3000, (100,)))
+    a, b = (_sim(_script(t, g, 3000, (100,))) for t, g in zip("ab", groups, strict=True))
     for sim in (a, b):
         engine.enqueue(sim, 0.0)
     engine.start_segment(0.0)
     assert sorted(engine.running) == ["a", "b"]
-    assert (a.prefill_tokens, b.prefill_tokens) == (3000, 0)
+    assert (a.prefill_tokens, b.prefill_tokens) == prefills
     assert engine.running_context == 6000  # attention reads the prompt per sequence
-    assert engine.kv_used_tokens == 3000
-
-
-def test_strangers_share_nothing() -> None:
-    engine = _engine()
-    a, b = _sim(_script("a", "g1", 3000, (100,))), _sim(_script("b", "g2", 3000, (100,)))
-    for sim in (a, b):
-        engine.enqueue(sim, 0.0)
-    engine.start_segment(0.0)
-    assert (a.prefill_tokens, b.prefill_tokens) == (3000, 3000)
-    assert engine.kv_used_tokens == 6000
+    assert engine.kv_used_tokens == kv
 
 
 def test_siblings_that_fit_only_as_one_prompt_run_together() -> None:
