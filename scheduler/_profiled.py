@@ -13,8 +13,9 @@ The form, per TP degree (nonnegative least squares over every measured point)::
     prefill_time(n)      = fixed_s + per_token_s * n + per_token_squared_s * n^2
 
 Decode scaled by what the profile measured on a rollout-shaped load
-(``decode_scale``: the engine core's decode time there over the fit's for the
-same iterations; 1 when absent): the grid's controlled batches leave the
+(``decode_scale``: the engine core's decode time there over what this model
+charges for the same iterations and the prefills admitted beside them; 1 when
+absent): the grid's controlled batches leave the
 cores to the engines, a rollout shares them with the workers' API processes
 and the session, and new requests join all the time. Prefill is not scaled:
 on a running engine vLLM's time to the first token is a whole mixed

@@ -166,8 +166,9 @@ def _engine_s(timings: dict[str, Any]) -> float:
 class _Driver:
     """Requests to one worker, with token ids drawn from its vocabulary."""
 
-    def __init__(self, client: HttpPool, vocab: int, seed: int) -> None:
+    def __init__(self, client: HttpPool, vocab: int, seed: int, index: int = 0) -> None:
         self.client = client
+        self.index = index  # which worker: steps overlap in time only on their own
         self.vocab = vocab
         self.rng = random.Random(seed)
         self.count = 0
@@ -230,6 +231,8 @@ class _Driver:
                 self.rollout_steps.append(
                     {
                         # What the engine did for the step, against the fits (bench_profile).
+                        "worker": float(self.index),
+                        "end_s": time.perf_counter(),
                         "in_flight": float(sent_with),
                         "tokens": float(len(reply["token_ids"])),
                         "context_tokens": float(reply["context_tokens"]),
@@ -292,13 +295,14 @@ async def _measure_one(
     seed: int,
     progress: Callable[[str], None],
     rollout: _RolloutLoad,
+    index: int,
 ) -> tuple[dict[tuple[int, int], list[float]], dict[int, list[float]], _Driver]:
     """One worker's decode and prefill times per point, and its requests' overheads."""
     url = worker.url
     client = HttpPool(url, rollout.trajectories_per_worker + 8, token=worker.token)
     try:
         _, state_body = await client.request("GET", "/v1/state")
-        driver = _Driver(client, int(_json.loads(state_body)["vocab_size"]), seed)
+        driver = _Driver(client, int(_json.loads(state_body)["vocab_size"]), seed, index)
         await driver.decode(2, 64)  # warm-up: first requests pay one-off costs
         driver.overheads.clear()
         # Every repeat visits the grid in a fresh order, so load from elsewhere on a
@@ -340,7 +344,7 @@ async def _measure(
     load = _RolloutLoad(asyncio.Barrier(len(workers)), rollout_trajectories, rollout_seconds)
     each = await asyncio.gather(
         *(
-            _measure_one(worker, batches, contexts, prefills, repeats, seed + i, progress, load)
+            _measure_one(worker, batches, contexts, prefills, repeats, seed + i, progress, load, i)
             for i, worker in enumerate(workers)
         )
     )
@@ -371,32 +375,56 @@ def rollout_scales(
     """How much slower the engine core ran under the rollout-shaped load than the fits say.
 
     ``decode_scale`` (the simulator uses it): the steps' engine-core decode time
-    over what the fit gives for their iterations, at the batch the worker ran
-    (its in-flight steps up to the cap) and that batch's context (this step's,
-    times the batch). ``first_token_over_prefill_fit`` (recorded, not used): the
-    steps' time from being scheduled to the first token over the fit's prefill
-    of their uncached tokens; on a running engine that is a whole mixed
-    iteration, the batch's decode included, so it is no prefill cost. Ratios of
-    sums: a makespan adds iterations up. 1.0 when the load gave nothing.
+    over what the simulator charges for the same work. That is the fit's
+    iterations at the batch that decoded beside the step (the other steps'
+    decode windows overlapping its own on that worker, up to the cap; the
+    batch's context is this step's times the batch), plus the prefill fit of
+    every other step on that worker whose first token came inside the window:
+    the simulator stalls a running batch for an admission's prefill, and vLLM's
+    chunked prefill puts it into the running batch's iterations, so a ratio
+    without it counts that prefill twice. ``first_token_over_prefill_fit``
+    (recorded, not used): the steps' time from being scheduled to the first
+    token over the fit's prefill of their uncached tokens; on a running engine
+    that is a whole mixed iteration, the batch's decode included, so it is no
+    prefill cost. Ratios of sums: a makespan adds iterations up. 1.0 when the
+    load gave nothing.
     """
     real_decode = fit_decode_total = real_prefill = fit_prefill_total = 0.0
-    for s in steps:
-        iterations = s["tokens"] - 1
-        if iterations >= 1:
-            batch = int(min(batch_cap, max(1.0, s["in_flight"])))
-            fixed, slope = decode.at(batch)
-            context = batch * (s["context_tokens"] - s["tokens"] / 2)
-            real_decode += s["decode_s"]
-            fit_decode_total += iterations * (fixed + slope * context)
+    windows = [_decode_window(s) for s in steps]
+    for i, s in enumerate(steps):
         if s["uncached_tokens"] > 0:
             real_prefill += s["prefill_s"]
             fit_prefill_total += prefill.time(int(s["uncached_tokens"]))
+        iterations = s["tokens"] - 1
+        first, last = windows[i]
+        if iterations < 1 or last <= first:
+            continue
+        beside = stalls = 0.0
+        for j, other in enumerate(steps):
+            if j == i or other["worker"] != s["worker"]:
+                continue
+            o_first, o_last = windows[j]
+            beside += max(0.0, min(last, o_last) - max(first, o_first))
+            if first < o_first <= last and other["uncached_tokens"] > 0:
+                stalls += prefill.time(int(other["uncached_tokens"]))
+        batch = int(min(batch_cap, max(1.0, round(1.0 + beside / (last - first)))))
+        fixed, slope = decode.at(batch)
+        context = batch * (s["context_tokens"] - s["tokens"] / 2)
+        real_decode += s["decode_s"]
+        fit_decode_total += iterations * (fixed + slope * context) + stalls
     return {
         "decode_scale": real_decode / fit_decode_total if fit_decode_total > 0 else 1.0,
         "first_token_over_prefill_fit": (
             real_prefill / fit_prefill_total if fit_prefill_total > 0 else 1.0
         ),
     }
+
+
+def _decode_window(step: dict[str, float]) -> tuple[float, float]:
+    """(first token, last token) of a step on the client's clock: the engine core's
+    decode ends before the reply by about half the time spent outside it."""
+    last = step["end_s"] - step["outside_engine_s"] / 2
+    return last - step["decode_s"], last
 
 
 def _overhead_summary(
@@ -538,6 +566,9 @@ def bench_profile(
         },
     }
     out.mkdir(parents=True, exist_ok=True)
+    # The load's steps, so the scales can be recomputed (docs/performance-model.md).
+    steps_path = out / f"rollout-steps-{name}.json"
+    steps_path.write_text(json.dumps(measured["rollout_steps"]) + "\n", encoding="utf-8")
     path = out / f"profile-{name}.json"
     path.write_text(json.dumps(profile, indent=1) + "\n", encoding="utf-8")
     over = measured["step_overhead"]

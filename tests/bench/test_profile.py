@@ -22,28 +22,78 @@ from heddle.scheduler import DecodeFit, PrefillFit
 
 
 def _step(
-    tokens: int, context: int, in_flight: int, decode_s: float, prefill_s: float
+    tokens: int,
+    context: int,
+    in_flight: int,
+    decode_s: float,
+    prefill_s: float,
+    *,
+    end_s: float = 100.0,
+    worker: int = 0,
+    uncached: int = 100,
 ) -> dict[str, float]:
+    """A rollout-shaped step's record as the profile's driver writes it."""
     return {
+        "worker": float(worker), "end_s": end_s,
         "in_flight": float(in_flight), "tokens": float(tokens), "context_tokens": float(context),
-        "uncached_tokens": 100.0, "prefill_s": prefill_s, "decode_s": decode_s,
+        "uncached_tokens": float(uncached), "prefill_s": prefill_s, "decode_s": decode_s,
         "outside_engine_s": 0.1, "http_s": 0.05, "worker_s": 0.01,
         "engine_frontend_s": 0.04, "queue_s": 1.0,
     }  # fmt: skip
 
 
-def test_scales_compare_the_engine_core_with_the_fits_at_the_batch_it_ran() -> None:
-    decode = DecodeFit((1, 8), (0.004, 0.008), (1e-6, 1e-6))
-    prefill = PrefillFit(0.002, 1e-5)
-    # 20 in flight with a cap of 8: batch 8, each of 8 contexts ~ (context - tokens/2).
-    per_iteration = 0.008 + 1e-6 * 8 * (500 - 50)
-    steps = [_step(100, 500, 20, 2 * 99 * per_iteration, 3 * prefill.time(100))]
+DECODE = DecodeFit((1, 2, 8), (0.004, 0.005, 0.008), (1e-6, 1e-6, 1e-6))
+PREFILL = PrefillFit(0.002, 1e-5)
+
+
+def _iteration(batch: int, context: int, tokens: int) -> float:
+    fixed, slope = DECODE.at(batch)
+    return fixed + slope * batch * (context - tokens / 2)
+
+
+def test_decode_is_compared_at_the_batch_whose_decode_overlapped() -> None:
+    # Two steps decoding over the same second on worker 0: batch 2.
+    per_iteration = _iteration(2, 500, 100)
+    pair = [_step(100, 500, 9, 2 * 99 * per_iteration, 0.0, uncached=0) for _ in range(2)]
+    # The same second on worker 1: another engine, not part of that batch.
+    alone = _step(100, 500, 9, 99 * _iteration(1, 500, 100), 0.0, worker=1, uncached=0)
+    got = rollout_scales([*pair, alone], DECODE, PREFILL, batch_cap=8)
+    # The pair ran twice the batch-2 fit, the lone step its batch-1 fit.
+    alone_s = alone["decode_s"]
+    assert got["decode_scale"] == pytest.approx(
+        (2 * pair[0]["decode_s"] + alone_s) / (2 * 99 * per_iteration + alone_s)
+    )
+    capped = rollout_scales(pair, DECODE, PREFILL, batch_cap=1)
+    assert capped["decode_scale"] == pytest.approx(2 * per_iteration / _iteration(1, 500, 100))
+
+
+def test_a_prefill_admitted_during_a_steps_decode_is_part_of_its_fitted_time() -> None:
+    # The simulator stalls the running batch for an admission's prefill; vLLM mixes it into
+    # the running batch's iterations. The ratio must not count it twice.
+    iteration = _iteration(1, 500, 100)
+    stall = PREFILL.time(400)
+    running = _step(100, 500, 1, 99 * iteration + stall, 0.0, end_s=10.0, uncached=0)
+    # A one-token step whose first token (and prefill) came in the middle of that decode.
+    joiner = _step(1, 400, 2, 0.0, stall, end_s=10.0 - 0.5 * running["decode_s"], uncached=400)
+    got = rollout_scales([running, joiner], DECODE, PREFILL, batch_cap=8)
+    assert got["decode_scale"] == pytest.approx(1.0)
+    assert got["first_token_over_prefill_fit"] == pytest.approx(1.0)
+    # The same prefill after the decode ended charges nothing to it.
+    late = _step(1, 400, 2, 0.0, stall, end_s=11.0, uncached=400)
+    assert rollout_scales([running, late], DECODE, PREFILL, 8)["decode_scale"] == pytest.approx(
+        (99 * iteration + stall) / (99 * iteration)
+    )
+
+
+def test_scales_are_ratios_of_sums_and_one_without_steps() -> None:
+    per_iteration = _iteration(1, 500, 100)
+    steps = [_step(100, 500, 1, 2 * 99 * per_iteration, 3 * PREFILL.time(100))]
     # One token: no iteration to compare; it still counts for prefill.
-    steps.append(_step(1, 300, 1, 0.0, 3 * prefill.time(100)))
-    got = rollout_scales(steps, decode, prefill, batch_cap=8)
+    steps.append(_step(1, 300, 1, 0.0, 3 * PREFILL.time(100), end_s=50.0))
+    got = rollout_scales(steps, DECODE, PREFILL, batch_cap=8)
     assert got["decode_scale"] == pytest.approx(2.0)
     assert got["first_token_over_prefill_fit"] == pytest.approx(3.0)
-    empty = rollout_scales([], decode, prefill, 8)
+    empty = rollout_scales([], DECODE, PREFILL, 8)
     assert empty == {"decode_scale": 1.0, "first_token_over_prefill_fit": 1.0}
 
 
