@@ -53,13 +53,16 @@ PRIOR_PREDICTOR = str(get_policy("heddle").predictor)
 
 @dataclass(frozen=True)
 class ColocationVerdict:
-    """The decision and why (summary.json's ``colocation``)."""
+    """The decision and why (summary.json's ``colocation``). ``seed``: whether the drafts
+    feed still inserts texts (False: groups kept whole ran faster without, in the
+    decision's simulation; the feed then only keeps the history for later runs)."""
 
     colocate: bool
     reason: str
+    seed: bool = True
 
     def as_dict(self) -> dict[str, Any]:
-        return {"colocate": self.colocate, "reason": self.reason}
+        return {"colocate": self.colocate, "reason": self.reason, "seed": self.seed}
 
 
 def sim_speculation_for(speculation: Speculation) -> SimSpeculation | None:
@@ -106,7 +109,7 @@ def live_colocation(
     cluster = planner_cluster(perf, local.pool.gpus, local.pool.gpus_per_node, sizes)
     cap = max_trajectories_in_flight
     per_engine = max(1, cap // shape.num_instances) if cap else None
-    placement, reason = judge_colocation(
+    placement, decision = judge_colocation(
         sketch.trajectories,
         sketch.records,
         cluster=cluster,
@@ -116,13 +119,17 @@ def live_colocation(
         config=SimConfig(max_trajectories_per_engine=per_engine, speculation=spec),
         tool_means_s=sketch.tool_means_s,
     )
-    verdict = ColocationVerdict(placement is not None, reason)
-    log.info("%s: co-location of GRPO groups %s", local.job.name, reason)
+    verdict = ColocationVerdict(placement is not None, decision.reason, decision.seed)
+    log.info("%s: co-location of GRPO groups %s", local.job.name, decision.reason)
     return verdict
 
 
 def apply_colocation(session: RolloutSession, verdict: ColocationVerdict | None) -> None:
     """Where co-location was taken, the session places a trajectory's first step where
-    its group's first went (the simulator's :class:`GroupStickyPlacement`)."""
+    its group's first went (the simulator's :class:`GroupStickyPlacement`), and its
+    drafts feed inserts nothing where the verdict says so (the simulator's run then
+    seeds nothing either)."""
     if verdict is not None and verdict.colocate:
         session.placement = GroupStickyPlacement()
+        if not verdict.seed and session.drafts is not None:
+            session.drafts.inserting = False

@@ -186,6 +186,9 @@ class DraftsFeed:
     ) -> None:
         self.job = job
         self.gate = gate  # None: every text is sent (no decision)
+        # False: nothing is queued or sent, the history is still kept (the co-location
+        # verdict's ``seed``: groups kept whole ran faster without insertions).
+        self.inserting = True
         self.corpus = corpus if corpus is not None else DraftCorpus()
         self.config = config or DraftsFeedConfig()
         self.stats = FeedStats()
@@ -290,7 +293,7 @@ class DraftsFeed:
         return self._queued
 
     def _enqueue(self, engine: str, task_id: str, texts: Iterable[DraftText]) -> None:
-        if engine in self._not_drafting:
+        if engine in self._not_drafting or not self.inserting:
             return
         sent = self._sent.setdefault((engine, task_id), set())
         added = 0

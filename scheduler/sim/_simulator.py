@@ -32,6 +32,7 @@ from .._workload import TrajectoryScript
 from ._entities import SimEngine, SimTrajectory
 from ._plan import ReplicaRun, ReplicaShapePlanner, replica_scale, workload_sketch
 from ._results import SimResult, summarise
+from ._spec_plan import ColocationDecision
 from ._speculation import (
     EngineSpeculator,
     GroupStickyPlacement,
@@ -220,11 +221,14 @@ class Simulator:
             )
         self.speculator: EngineSpeculator | None = None
         self.colocation: str = "off"  # the co-location decision, for the report
-        if self.config.speculation is not None and self.config.speculation.config.enabled:
-            self.speculator = make_speculator(self.config.speculation, self.perf, scripts)
+        spec = self.config.speculation
+        if spec is not None and spec.config.enabled:
+            if spec.colocate_groups:
+                self.placement, self.colocation, seed = self._decide_colocation(history)
+                if not seed:  # kept whole, the groups ran faster without insertions
+                    self.config = replace(self.config, speculation=spec.unseeded())
+            self.speculator = make_speculator(self.config.speculation or spec, self.perf, scripts)
             attach(self.engines.values(), self.speculator)
-            if self.config.speculation.colocate_groups:
-                self.placement, self.colocation = self._decide_colocation(history)
         # Engines being merged (no new steps; they empty) and those gone: out of the view.
         self._draining: set[str] = set()
         self._retired: set[str] = set()
@@ -279,9 +283,10 @@ class Simulator:
 
     def _decide_colocation(
         self, history: Sequence[FinishedTrajectory]
-    ) -> tuple[PlacementPolicy, str]:
+    ) -> tuple[PlacementPolicy, str, bool]:
         """Keep GRPO groups whole only where a simulation of the pool under the routing
-        in effect, with speculation, says it pays (:func:`judge_colocation`)."""
+        in effect, with speculation, says it pays (:func:`judge_colocation`): the
+        placement, the verdict, and whether texts are still seeded."""
         assert self.config.speculation is not None
         for sim in self.sims.values():
             self._predict(sim)
@@ -298,7 +303,8 @@ class Simulator:
             config=self.config,
             tool_means_s=self.tool_means_s,
         )
-        return (placement if placement is not None else self.placement), verdict
+        kept = placement if placement is not None else self.placement
+        return kept, verdict.reason, verdict.seed
 
     def _check_fits(self, inst: EngineInstance) -> None:
         """Every trajectory's whole context must fit an engine's KV cache on its own."""
@@ -643,7 +649,7 @@ def judge_colocation(
     perf: PerfModel,
     config: SimConfig,
     tool_means_s: Mapping[str, float],
-) -> tuple[GroupStickyPlacement | None, str]:
+) -> tuple[GroupStickyPlacement | None, ColocationDecision]:
     """Heddle's co-location decision (:func:`decide_colocation`) for a run: the simulator's
     Heddle runs and the live session (rollout/_colocation.py) both ask it here.
 
@@ -651,18 +657,22 @@ def judge_colocation(
     sketch (the previous rollout, or the predictor's prior: never the run's true
     lengths); ``policy`` the routing in effect (the planner's fallback, if it took one)
     and ``config`` the run's (its in-flight cap and ``speculation``). A group-keeping
-    placement and the verdict, or None and why not.
+    placement (None: groups are not kept whole) and the verdict: why, and whether the
+    run still seeds texts (``seed``; False where the co-located sketch ran faster
+    without).
     """
     spec = config.speculation
     if spec is None or not spec.config.enabled:
-        return None, "off (no speculation)"
+        return None, ColocationDecision(False, "off (no speculation)")
     means = [v for v in tool_means_s.values() if math.isfinite(v)]
     mean_s = sum(means) / len(means) if means else 0.0
     scripts = workload_sketch(records, tool_latency_s=mean_s)
 
-    def simulate(colocate: bool) -> float:
-        # The sketch under the routing in effect, with this run's speculation; never
-        # the run's own scripts (their lengths are not known to the session).
+    def simulate(colocate: bool, seed: bool) -> float:
+        # The sketch under the routing in effect, with this run's speculation (its
+        # seeding, or none); never the run's own scripts (their lengths are not known
+        # to the session).
+        run_spec = replace(spec if seed else spec.unseeded(), colocate_groups=False)
         sim = Simulator(
             scripts,
             cluster,
@@ -670,9 +680,7 @@ def judge_colocation(
             tool_means_s={"tool": mean_s},
             shape=shape,
             perf=perf,
-            config=replace(
-                config, planner_cost=None, speculation=replace(spec, colocate_groups=False)
-            ),
+            config=replace(config, planner_cost=None, speculation=run_spec),
         )
         if colocate:
             sim.placement = GroupStickyPlacement()

@@ -21,9 +21,14 @@ routing it would replace, *with speculation*, on a simulation of the pool:
    the 16-GPU replica of the 64-GPU pool is the very run where co-location
    paid). On a larger pool: refused.
 3. On the whole pool, the workload sketch (the previous rollout, or the
-   predictor's prior: never the run's true lengths) runs twice under the
-   routing in effect and Heddle's speculation, scattered and co-located;
-   co-location is taken only if it finishes sooner by ``margin``.
+   predictor's prior: never the run's true lengths) runs under the routing in
+   effect and Heddle's speculation, scattered and co-located; co-location is
+   taken only if it finishes sooner by ``margin``. Where the run seeds texts
+   (siblings, history), the co-located sketch runs once more without seeding,
+   and the faster of the two is the co-located candidate: with a group in one
+   engine the siblings' texts are there already, and inserting the task's
+   history on top cost 8% on search at 2,048 trajectories
+   (docs/speculation.md). The verdict says which (``seed``).
 
 The live session (rollout/_colocation.py) and the simulator both call
 :func:`decide_colocation` through ``judge_colocation`` (sim/_simulator.py), which
@@ -55,6 +60,9 @@ class ColocationDecision:
     reason: str
     predicted_scattered_s: float = 0.0
     predicted_colocated_s: float = 0.0
+    # Co-located, whether the run still seeds texts (False: the co-located sketch ran
+    # faster without); True where groups are not kept whole (seeding as configured).
+    seed: bool = True
 
 
 def decide_colocation(
@@ -66,17 +74,21 @@ def decide_colocation(
     *,
     siblings_seeded: bool,
     whole_pool: bool,
-    simulate: Callable[[bool], float] | None,
+    simulate: Callable[[bool, bool], float] | None,
+    seeds: bool | None = None,
     margin: float = COLOCATION_MARGIN,
 ) -> ColocationDecision:
     """Whether Heddle keeps GRPO groups whole on one engine (module docstring).
 
     ``groups``: predicted remaining tokens per trajectory, by group;
     ``tokens_per_step_*``: the acceptance a request gets with its whole group in its
-    engine's tree and with the share the pool's routing leaves it; ``simulate(colocate)``
-    the simulated makespan of the workload sketch under the pool's routing with
-    speculation, groups kept whole or not (None: no simulation available, refuse).
+    engine's tree and with the share the pool's routing leaves it;
+    ``simulate(colocate, seed)`` the simulated makespan of the workload sketch under
+    the pool's routing with speculation, groups kept whole or not, texts seeded as the
+    run configures or not at all (None: no simulation available, refuse); ``seeds``:
+    whether the run seeds any text (siblings or history; default ``siblings_seeded``).
     """
+    seeds = siblings_seeded if seeds is None else seeds
     closed = plan_group_colocation(
         groups, engines, seconds_per_token, tokens_per_step_colocated, tokens_per_step_scattered
     )
@@ -95,14 +107,25 @@ def decide_colocation(
         return ColocationDecision(
             False, f"off (a simulation smaller than the pool cannot vouch for it; {figures})"
         )
-    scattered = simulate(False)
-    colocated = simulate(True)
+    scattered = simulate(False, True)
+    colocated = simulate(True, True)
+    seed, how = True, ""
+    if seeds:
+        seeded, plain = colocated, simulate(True, False)
+        seed = seeded < plain
+        colocated = min(seeded, plain)
+        how = (
+            f" with seeding ({plain:.0f}s without)"
+            if seed
+            else f" without seeding ({seeded:.0f}s with)"
+        )
     take = colocated < scattered * (1.0 - margin)
     verdict = "on" if take else "off"
     return ColocationDecision(
         take,
-        f"{verdict} (simulated {colocated:.0f}s co-located vs {scattered:.0f}s under the "
-        f"pool's routing, margin {margin:.0%}; {figures})",
+        f"{verdict} (simulated {colocated:.0f}s co-located{how} vs {scattered:.0f}s under "
+        f"the pool's routing, margin {margin:.0%}; {figures})",
         scattered,
         colocated,
+        seed or not take,
     )

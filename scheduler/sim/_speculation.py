@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from .._perf import PerfModel
@@ -36,7 +36,7 @@ from .._speculation import (
 from .._types import Trajectory
 from .._workload import TrajectoryScript
 from ._entities import SimEngine, SimTrajectory
-from ._spec_plan import decide_colocation
+from ._spec_plan import ColocationDecision, decide_colocation
 
 # The worker keeps at most this many inserted texts per job and task
 # (worker/_drafts.py, MAX_DRAFT_TEXTS_PER_TASK; the scheduler cannot import the worker).
@@ -105,6 +105,11 @@ class SimSpeculation:
     @property
     def seeds(self) -> bool:
         return self.seed_siblings or self.seed_history > 0
+
+    def unseeded(self) -> SimSpeculation:
+        """The same speculation with nothing inserted (the co-location decision's
+        candidate where a group's own engine already holds its siblings)."""
+        return replace(self, seed_siblings=False, seed_history=0)
 
 
 def heddle_speculation(
@@ -404,11 +409,11 @@ def colocation_placement(
     perf: PerfModel,
     *,
     whole_pool: bool = False,
-    simulate: Callable[[bool], float] | None = None,
-) -> tuple[GroupStickyPlacement | None, str]:
+    simulate: Callable[[bool, bool], float] | None = None,
+) -> tuple[GroupStickyPlacement | None, ColocationDecision]:
     """Heddle's decision (:func:`decide_colocation`) on the predictor's lengths, for a pool
-    of ``engines`` engines at TP ``tp``: a group-keeping placement and its verdict, or
-    None and why not."""
+    of ``engines`` engines at TP ``tp``: a group-keeping placement (None: groups are not
+    kept whole) and the verdict (why, and whether the run still seeds texts)."""
     groups: dict[str, list[float]] = defaultdict(list)
     for t in trajectories:
         groups[t.group_id].append(max(1.0, t.predicted_remaining_tokens))
@@ -432,9 +437,10 @@ def colocation_placement(
         siblings_seeded=spec.seed_siblings,
         whole_pool=whole_pool,
         simulate=simulate,
+        seeds=spec.seeds,
     )
     if not decision.colocate:
-        return None, decision.reason
+        return None, decision
     # Where each group goes is decided when its first trajectory starts (the least
     # loaded engine then), which follows the real load rather than the predicted one.
-    return GroupStickyPlacement(), decision.reason
+    return GroupStickyPlacement(), decision

@@ -241,7 +241,13 @@ def test_build_session_keeps_groups_whole_where_the_verdict_is_on(tmp_path: Path
             local, workers, sink, plan=plan, perf=perf, speculation=suffix, colocation=verdict
         )
 
-    assert isinstance(build(ColocationVerdict(True, "on")).placement, GroupStickyPlacement)
+    kept = build(ColocationVerdict(True, "on"))
+    assert isinstance(kept.placement, GroupStickyPlacement)
+    assert kept.drafts is not None and kept.drafts.inserting
+    # Kept whole and faster without insertions (the verdict's ``seed``): the feed sends none.
+    unseeded = build(ColocationVerdict(True, "on", seed=False))
+    assert isinstance(unseeded.placement, GroupStickyPlacement)
+    assert unseeded.drafts is not None and not unseeded.drafts.inserting
     # Not given, it is decided there (off for this job: see the test above): the policy's own.
     session = build(None)
     assert type(session.placement) is type(make_placement(get_policy(plan.policy).placement))

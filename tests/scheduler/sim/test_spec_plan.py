@@ -26,6 +26,7 @@ from heddle.scheduler.sim import (
     heddle_speculation,
 )
 from heddle.scheduler.sim._plan import ReplicaRun
+from heddle.scheduler.sim._spec_plan import ColocationDecision, decide_colocation
 
 SUFFIX = SpeculationConfig("suffix", None)
 DEFAULT = ACCEPTANCE_PRESETS["default"]
@@ -146,6 +147,63 @@ def test_seeded_siblings_count_only_after_their_text_is_pushed() -> None:
     assert pushed.speculation["tokens_per_step"] > plain.speculation["tokens_per_step"]
     assert pushed.speculation["seeded"]["tokens"] > 0
     assert pushed.speculation["seeded"]["engine_s"] > 0
+
+
+def _judged(
+    makespans: dict[tuple[bool, bool], float], seeds: bool
+) -> tuple[ColocationDecision, list[tuple[bool, bool]]]:
+    """decide_colocation on eight equal groups of four engines, the simulation replaced
+    by ``makespans[(colocate, seed)]``; the decision and the runs it asked for."""
+    asked: list[tuple[bool, bool]] = []
+
+    def simulate(colocate: bool, seed: bool) -> float:
+        asked.append((colocate, seed))
+        return makespans[(colocate, seed)]
+
+    groups = {f"g{g}": [1000.0] * 16 for g in range(8)}
+    decision = decide_colocation(
+        groups, 4, 0.01, 2.1, 1.5, siblings_seeded=seeds, whole_pool=True,
+        simulate=simulate, seeds=seeds,
+    )  # fmt: skip
+    return decision, asked
+
+
+@pytest.mark.parametrize(
+    ("seeded", "plain", "colocate", "seed"),
+    [
+        (98.0, 80.0, True, False),  # kept whole, insertions only cost: dropped
+        (80.0, 90.0, True, True),  # insertions still pay: kept
+        (85.0, 85.0, True, False),  # a tie: nothing to gain from the insertions' cost
+        (99.0, 97.0, False, True),  # neither beats the routing by the margin: scattered
+    ],
+)
+def test_where_texts_are_seeded_the_kept_whole_candidate_is_the_faster_with_or_without(
+    seeded: float, plain: float, colocate: bool, seed: bool
+) -> None:
+    makespans = {(False, True): 100.0, (True, True): seeded, (True, False): plain}
+    decision, asked = _judged(makespans, seeds=True)
+    assert (decision.colocate, decision.seed) == (colocate, seed)
+    assert sorted(asked) == sorted(makespans)
+    if colocate:
+        assert decision.predicted_colocated_s == min(seeded, plain)
+        assert ("without seeding" in decision.reason) is not seed
+
+
+def test_without_seeding_configured_two_simulations_decide() -> None:
+    decision, asked = _judged({(False, True): 100.0, (True, True): 80.0}, seeds=False)
+    assert decision.colocate and decision.seed
+    assert asked == [(False, True), (True, True)]
+
+
+def test_a_run_kept_whole_without_seeding_inserts_nothing() -> None:
+    # Insertions priced so high that the co-located sketch runs faster without them:
+    # the verdict drops seeding, and the run that follows inserts nothing.
+    spec = replace(heddle_speculation(SUFFIX, DEFAULT, k_table=False), seed_s_per_token=1e-3)
+    sim = heddle_run(groups_of([1200] * 8), spec)
+    assert sim.colocation.startswith("on (simulated") and "without seeding" in sim.colocation
+    result = sim.run()
+    assert result.speculation["seeded"]["tokens"] == 0
+    assert not result.speculation["seeded"]["siblings"]
 
 
 def test_history_is_seeded_where_it_pays_and_not_for_a_predicted_nothing() -> None:
