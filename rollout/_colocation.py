@@ -102,7 +102,8 @@ def live_colocation(
         # The simulator co-locates only for Heddle's runs (heddle bench: the baselines
         # run stock vLLM, whose routing places each trajectory); so does the session.
         return None
-    sketch = prior_sketch(local, get_policy(local.job.policy).predictor or PRIOR_PREDICTOR)
+    predictor = get_policy(local.job.policy).predictor or PRIOR_PREDICTOR
+    sketch = prior_sketch(local, predictor)
     sizes = tuple(sorted(set(local.pool.tensor_parallel_sizes) | set(shape.tps())))
     if isinstance(perf, ProfiledPerfModel):  # simulate only on what the profile measured
         sizes = tuple(tp for tp in sizes if tp in perf.profile.tps) or tuple(shape.tps())
@@ -118,6 +119,7 @@ def live_colocation(
         perf=perf,
         config=SimConfig(max_trajectories_per_engine=per_engine, speculation=spec),
         tool_means_s=sketch.tool_means_s,
+        predictor=predictor,
     )
     verdict = ColocationVerdict(placement is not None, decision.reason, decision.seed)
     log.info("%s: co-location of GRPO groups %s", local.job.name, decision.reason)

@@ -398,6 +398,20 @@ class ReplicaShapePlanner(ABC):
         return self.plan_workload(sketch, current, policy=policy)
 
 
+def group_replica(scripts: Sequence[TrajectoryScript], scale: int) -> list[TrajectoryScript]:
+    """Every ``scale``-th GRPO group of ``scripts`` by total length (the longest kept),
+    whole, in their order: the replica a placement that keeps groups whole is judged on
+    (the shape planner's replica samples trajectories, which splits groups)."""
+    if scale <= 1:
+        return list(scripts)
+    totals: dict[str, int] = {}
+    for s in scripts:
+        totals[s.group_id] = totals.get(s.group_id, 0) + s.total_tokens
+    ranked = sorted(totals, key=lambda g: -totals[g])  # stable: first seen first on ties
+    kept = set(ranked[::scale])
+    return [s for s in scripts if s.group_id in kept]
+
+
 def _mean_latency(scripts: Sequence[TrajectoryScript]) -> float:
     values = [x for s in scripts for x in s.tool_latency_s]
     return float(np.mean(values)) if values else 0.0

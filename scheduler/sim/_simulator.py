@@ -30,7 +30,14 @@ from .._shape import ShapeConfig
 from .._types import FinishedTrajectory, PoolShape, Trajectory, TrajectoryState
 from .._workload import TrajectoryScript
 from ._entities import SimEngine, SimTrajectory
-from ._plan import ReplicaRun, ReplicaShapePlanner, replica_scale, workload_sketch
+from ._plan import (
+    ReplicaRun,
+    ReplicaShapePlanner,
+    _shrink,
+    group_replica,
+    replica_scale,
+    workload_sketch,
+)
 from ._results import SimResult, summarise
 from ._spec_plan import ColocationDecision
 from ._speculation import (
@@ -302,6 +309,7 @@ class Simulator:
             perf=self.perf,
             config=self.config,
             tool_means_s=self.tool_means_s,
+            predictor=self.policy.predictor,
         )
         kept = placement if placement is not None else self.placement
         return kept, verdict.reason, verdict.seed
@@ -649,6 +657,7 @@ def judge_colocation(
     perf: PerfModel,
     config: SimConfig,
     tool_means_s: Mapping[str, float],
+    predictor: str | None = None,
 ) -> tuple[GroupStickyPlacement | None, ColocationDecision]:
     """Heddle's co-location decision (:func:`decide_colocation`) for a run: the simulator's
     Heddle runs and the live session (rollout/_colocation.py) both ask it here.
@@ -656,10 +665,11 @@ def judge_colocation(
     ``trajectories`` carry the predictor's remaining lengths; ``records`` the workload
     sketch (the previous rollout, or the predictor's prior: never the run's true
     lengths); ``policy`` the routing in effect (the planner's fallback, if it took one)
-    and ``config`` the run's (its in-flight cap and ``speculation``). A group-keeping
-    placement (None: groups are not kept whole) and the verdict: why, and whether the
-    run still seeds texts (``seed``; False where the co-located sketch ran faster
-    without).
+    and ``config`` the run's (its in-flight cap and ``speculation``); ``predictor`` the
+    run's length predictor (a routing without one still predicts with it: the seeding
+    gate reads it). A group-keeping placement (None: groups are not kept whole) and the
+    verdict: why, and whether the run still seeds texts (``seed``; False where the
+    co-located sketch ran no slower without).
     """
     spec = config.speculation
     if spec is None or not spec.config.enabled:
@@ -667,6 +677,19 @@ def judge_colocation(
     means = [v for v in tool_means_s.values() if math.isfinite(v)]
     mean_s = sum(means) / len(means) if means else 0.0
     scripts = workload_sketch(records, tool_latency_s=mean_s)
+    # A pool larger than the shape planner's replica is judged on one of its replicas:
+    # 1/scale of the GPUs running 1/scale of the groups, each whole.
+    scale = replica_scale(cluster.gpus, cluster.gpus_per_node, len(records))
+    sim_cluster, sim_shape = cluster, _shrink(shape, scale)
+    if scale > 1:
+        scripts = group_replica(scripts, scale)
+        sim_cluster = replace(cluster, gpus=cluster.gpus // scale)
+
+    routing = get_policy(policy)
+    if predictor is not None and routing.predictor is None:
+        # The run routes as ``policy`` and predicts with its own predictor, which the
+        # seeding gate reads: without it the sketch's runs would never seed a text.
+        routing = replace(routing, predictor=predictor)
 
     def simulate(colocate: bool, seed: bool) -> float:
         # The sketch under the routing in effect, with this run's speculation (its
@@ -675,10 +698,11 @@ def judge_colocation(
         run_spec = replace(spec if seed else spec.unseeded(), colocate_groups=False)
         sim = Simulator(
             scripts,
-            cluster,
-            get_policy(policy),
+            sim_cluster,
+            routing,
             tool_means_s={"tool": mean_s},
-            shape=shape,
+            history=records,  # what the run's predictor knows: the sketch's source
+            shape=sim_shape,
             perf=perf,
             config=replace(config, planner_cost=None, speculation=run_spec),
         )
@@ -692,8 +716,8 @@ def judge_colocation(
         shape.tps()[0],
         spec,
         perf,
-        whole_pool=replica_scale(cluster.gpus, cluster.gpus_per_node, len(records)) == 1,
-        simulate=simulate,
+        replica=scale,
+        simulate=simulate if sim_shape is not None else None,
     )
 
 

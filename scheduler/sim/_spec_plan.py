@@ -15,12 +15,15 @@ routing it would replace, *with speculation*, on a simulation of the pool:
    (``seed_siblings``): then a scattered group drafts from its siblings too,
    at the cost of the insertions, which the closed form does not weigh, so
    only the simulation below decides.
-2. A simulation can vouch for a cross-engine placement only where it is the
-   whole pool (the shape planner's rule, sim/_plan.py: a replica with fewer
-   engines put Heddle's placement 7% ahead where the pool was 5% behind; here
-   the 16-GPU replica of the 64-GPU pool is the very run where co-location
-   paid). On a larger pool: refused.
-3. On the whole pool, the workload sketch (the previous rollout, or the
+2. The simulation runs the whole pool where it is no larger than the shape
+   planner's replica (sim/_plan.py), else one replica of it: 1/scale of the
+   GPUs running every scale-th group by length, each whole
+   (:func:`~._plan.group_replica`), at a quarter of the cost on the paper's
+   pool, as the shape planner judges shapes. A replica keeps per-engine
+   effects, not all cross-engine ones (for Heddle's own placement a replica
+   was 7% ahead where the pool was 5% behind), so its verdict must clear the
+   planner's replica margin, ``REPLICA_COLOCATION_MARGIN``.
+3. On that pool, the workload sketch (the previous rollout, or the
    predictor's prior: never the run's true lengths) runs under the routing in
    effect and Heddle's speculation, scattered and co-located; co-location is
    taken only if it finishes sooner by ``margin``. Where the run seeds texts
@@ -28,7 +31,9 @@ routing it would replace, *with speculation*, on a simulation of the pool:
    and the faster of the two is the co-located candidate: with a group in one
    engine the siblings' texts are there already, and inserting the task's
    history on top cost 8% on search at 2,048 trajectories
-   (docs/speculation.md). The verdict says which (``seed``).
+   (docs/speculation.md). The verdict says which (``seed``). The sketch's
+   runs predict with the run's predictor (``judge_colocation``): the seeding
+   gate reads the predictions.
 
 The live session (rollout/_colocation.py) and the simulator both call
 :func:`decide_colocation` through ``judge_colocation`` (sim/_simulator.py), which
@@ -44,12 +49,19 @@ from typing import Final
 
 from .._speculation import plan_group_colocation
 
-__all__ = ["COLOCATION_MARGIN", "ColocationDecision", "decide_colocation"]
+__all__ = [
+    "COLOCATION_MARGIN",
+    "REPLICA_COLOCATION_MARGIN",
+    "ColocationDecision",
+    "decide_colocation",
+]
 
 # How much sooner the co-located simulation must finish: the simulated lead of a
 # placement over the routing it replaces was 7-16 points too high at 2,048 trajectories
 # (sim/_plan.py); co-location's own errors are not measured apart, so half that.
 COLOCATION_MARGIN: Final = 0.05
+# On a replica of a larger pool: the shape planner's margin for a replica's verdict.
+REPLICA_COLOCATION_MARGIN: Final = 0.10
 
 
 @dataclass(frozen=True)
@@ -73,10 +85,10 @@ def decide_colocation(
     tokens_per_step_scattered: float,
     *,
     siblings_seeded: bool,
-    whole_pool: bool,
     simulate: Callable[[bool, bool], float] | None,
+    replica: int = 1,
     seeds: bool | None = None,
-    margin: float = COLOCATION_MARGIN,
+    margin: float | None = None,
 ) -> ColocationDecision:
     """Whether Heddle keeps GRPO groups whole on one engine (module docstring).
 
@@ -85,10 +97,15 @@ def decide_colocation(
     engine's tree and with the share the pool's routing leaves it;
     ``simulate(colocate, seed)`` the simulated makespan of the workload sketch under
     the pool's routing with speculation, groups kept whole or not, texts seeded as the
-    run configures or not at all (None: no simulation available, refuse); ``seeds``:
-    whether the run seeds any text (siblings or history; default ``siblings_seeded``).
+    run configures or not at all (None: no simulation available, refuse); ``replica``:
+    the pool is that many copies of what ``simulate`` runs (1: the whole pool);
+    ``seeds``: whether the run seeds any text (siblings or history; default
+    ``siblings_seeded``); ``margin``: how much sooner co-located must finish (default
+    ``COLOCATION_MARGIN``, on a replica ``REPLICA_COLOCATION_MARGIN``).
     """
     seeds = siblings_seeded if seeds is None else seeds
+    if margin is None:
+        margin = COLOCATION_MARGIN if replica <= 1 else REPLICA_COLOCATION_MARGIN
     closed = plan_group_colocation(
         groups, engines, seconds_per_token, tokens_per_step_colocated, tokens_per_step_scattered
     )
@@ -103,9 +120,9 @@ def decide_colocation(
         figures = "siblings seeded: the closed form cannot weigh the insertions"
     elif not closed.colocate:
         return ColocationDecision(False, f"off ({figures})")
-    if not whole_pool or simulate is None:
+    if simulate is None:
         return ColocationDecision(
-            False, f"off (a simulation smaller than the pool cannot vouch for it; {figures})"
+            False, f"off (no simulation of this pool or a replica of it; {figures})"
         )
     scattered = simulate(False, True)
     colocated = simulate(True, True)
@@ -120,11 +137,12 @@ def decide_colocation(
             else f" without seeding ({seeded:.0f}s with)"
         )
     take = colocated < scattered * (1.0 - margin)
+    where = f" on a 1/{replica} replica" if replica > 1 else ""
     verdict = "on" if take else "off"
     return ColocationDecision(
         take,
         f"{verdict} (simulated {colocated:.0f}s co-located{how} vs {scattered:.0f}s under "
-        f"the pool's routing, margin {margin:.0%}; {figures})",
+        f"the pool's routing{where}, margin {margin:.0%}; {figures})",
         scattered,
         colocated,
         seed or not take,

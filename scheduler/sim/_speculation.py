@@ -408,7 +408,7 @@ def colocation_placement(
     spec: SimSpeculation,
     perf: PerfModel,
     *,
-    whole_pool: bool = False,
+    replica: int = 1,
     simulate: Callable[[bool, bool], float] | None = None,
 ) -> tuple[GroupStickyPlacement | None, ColocationDecision]:
     """Heddle's decision (:func:`decide_colocation`) on the predictor's lengths, for a pool
@@ -435,7 +435,7 @@ def colocation_placement(
         co,
         sc,
         siblings_seeded=spec.seed_siblings,
-        whole_pool=whole_pool,
+        replica=replica,
         simulate=simulate,
         seeds=spec.seeds,
     )

@@ -24,8 +24,9 @@ from heddle.scheduler.sim import (
     SimulatedShapePlanner,
     Simulator,
     heddle_speculation,
+    judge_colocation,
 )
-from heddle.scheduler.sim._plan import ReplicaRun
+from heddle.scheduler.sim._plan import ReplicaRun, group_replica
 from heddle.scheduler.sim._spec_plan import ColocationDecision, decide_colocation
 
 SUFFIX = SpeculationConfig("suffix", None)
@@ -162,7 +163,7 @@ def _judged(
 
     groups = {f"g{g}": [1000.0] * 16 for g in range(8)}
     decision = decide_colocation(
-        groups, 4, 0.01, 2.1, 1.5, siblings_seeded=seeds, whole_pool=True,
+        groups, 4, 0.01, 2.1, 1.5, siblings_seeded=seeds,
         simulate=simulate, seeds=seeds,
     )  # fmt: skip
     return decision, asked
@@ -204,6 +205,53 @@ def test_a_run_kept_whole_without_seeding_inserts_nothing() -> None:
     result = sim.run()
     assert result.speculation["seeded"]["tokens"] == 0
     assert not result.speculation["seeded"]["siblings"]
+
+
+def test_a_replica_keeps_every_scale_th_group_whole_the_longest_included() -> None:
+    scripts = groups_of([300, 1200, 600, 900, 1500, 100], size=3)
+    kept = group_replica(scripts, 2)
+    # By total length: g4 1500, g1 1200, g3 900, g2 600, g0 300, g5 100 -> g4, g3, g0.
+    assert [s.group_id for s in kept] == ["g0"] * 3 + ["g3"] * 3 + ["g4"] * 3
+    assert group_replica(scripts, 1) == scripts
+
+
+def test_a_pool_larger_than_the_replica_is_judged_on_one_with_the_replica_margin() -> None:
+    # 64 equal groups on 32 engines: the shape planner's replica is half of it (16 GPUs,
+    # 512 trajectories), so the decision simulates that half, groups whole, and asks
+    # the replica's 10% margin.
+    big = replace(CLUSTER, name="thirty-two", gpus=32, gpus_per_node=8)
+    scripts = groups_of([1200] * 64)
+    sim = Simulator(
+        scripts, big, get_policy("heddle"), tool_means_s={"tool": 0.2},
+        history=history_of(scripts), shape=PoolShape.of({1: 32}),
+        config=SimConfig(speculation=heddle_speculation(SUFFIX, DEFAULT, **NO_SEEDING)),
+    )  # fmt: skip
+    assert "on a 1/2 replica, margin 10%" in sim.colocation
+
+
+def test_the_decisions_runs_seed_as_the_run_will_under_a_routing_without_a_predictor() -> None:
+    # Heddle runs verl's routing (the planner's fallback) with its own predictor, which
+    # the seeding gate reads. Judged without it, the scattered sketch seeded no sibling
+    # (verl predicts nothing) and co-location looked 19% ahead; seeded as the run
+    # will be, scattered groups draft from their siblings too and it is not ahead.
+    scripts = groups_of([1200] * 8, turns=3)
+    shape = PoolShape.of({1: 4})
+    probe = Simulator(
+        scripts, CLUSTER, get_policy("heddle"), tool_means_s={"tool": 0.2},
+        history=history_of(scripts), shape=shape,
+    )  # fmt: skip
+    spec = heddle_speculation(SUFFIX, DEFAULT, k_table=False)
+
+    def judged(predictor: str | None) -> ColocationDecision:
+        return judge_colocation(
+            [s.traj for s in probe.sims.values()], history_of(scripts), cluster=CLUSTER,
+            policy="verl", shape=shape, perf=CLUSTER.perf_model(),
+            config=SimConfig(speculation=spec), tool_means_s={"tool": 0.2}, predictor=predictor,
+        )[1]  # fmt: skip
+
+    blind, seeded = judged(None), judged("sibling")
+    assert seeded.predicted_scattered_s < 0.9 * blind.predicted_scattered_s
+    assert blind.colocate and not seeded.colocate
 
 
 def test_history_is_seeded_where_it_pays_and_not_for_a_predicted_nothing() -> None:
