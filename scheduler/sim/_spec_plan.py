@@ -28,12 +28,14 @@ routing it would replace, *with speculation*, on a simulation of the pool:
    effect and Heddle's speculation, scattered and co-located; co-location is
    taken only if it finishes sooner by ``margin``. Where the run seeds texts
    (siblings, history), the co-located sketch runs once more without seeding,
-   and the faster of the two is the co-located candidate: with a group in one
-   engine the siblings' texts are there already, and inserting the task's
-   history on top cost 8% on search at 2,048 trajectories
-   (docs/speculation.md). The verdict says which (``seed``). The sketch's
-   runs predict with the run's predictor (``judge_colocation``): the seeding
-   gate reads the predictions.
+   and the faster of the two is the co-located candidate (a tie drops
+   seeding: a group's own engine holds its siblings' texts already, and the
+   insertions cost engine time). The verdict says which (``seed``). Kept
+   whole, a run's makespan swings with where the long groups land, so this
+   choice is one draw on the sketch (docs/speculation.md: +9% on search at
+   2,048, -6% on coding at a what-if acceptance). The sketch's runs predict
+   with the run's predictor (``judge_colocation``): the seeding gate reads
+   the predictions.
 
 The live session (rollout/_colocation.py) and the simulator both call
 :func:`decide_colocation` through ``judge_colocation`` (sim/_simulator.py), which
