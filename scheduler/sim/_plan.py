@@ -152,6 +152,11 @@ class ReplicaRun:
     cap: int | None
 
 
+# How much sooner a replica must say a plan finishes before it is trusted (the
+# replica's measured error; ReplicaShapePlanner's docstring).
+REPLICA_MARGIN = 0.10
+
+
 @dataclass(frozen=True)
 class _Replica:
     scale: int  # the full pool is ``scale`` copies of the replica
@@ -201,7 +206,7 @@ class ReplicaShapePlanner(ABC):
         caps: Sequence[int | None] = (None, 64, 128),
         proxy: str = "verl",
         fallbacks: Sequence[str] = ("verl", "slime"),
-        margin: float = 0.10,
+        margin: float = REPLICA_MARGIN,
         per_engine_variants: Mapping[str, str] | None = None,
     ) -> None:
         if mini_gpus < 1:
@@ -321,7 +326,7 @@ class ReplicaShapePlanner(ABC):
         longest = max(s.prompt_tokens + s.total_tokens + sum(s.tool_output_tokens) for s in sketch)
         replica = self._replica(sketch)
         shapes = self._candidates(replica, longest)
-        current_small = _shrink(current, replica.scale) if current is not None else None
+        current_small = shrink_shape(current, replica.scale) if current is not None else None
         if (
             current_small is not None
             and current_small not in shapes
@@ -417,7 +422,7 @@ def _mean_latency(scripts: Sequence[TrajectoryScript]) -> float:
     return float(np.mean(values)) if values else 0.0
 
 
-def _shrink(shape: PoolShape, scale: int) -> PoolShape | None:
+def shrink_shape(shape: PoolShape, scale: int) -> PoolShape | None:
     """``shape`` as ``scale`` identical replicas' one replica, or None if it is not one."""
     if any(n % scale for _, n in shape.counts):
         return None

@@ -33,9 +33,9 @@ from ._entities import SimEngine, SimTrajectory
 from ._plan import (
     ReplicaRun,
     ReplicaShapePlanner,
-    _shrink,
     group_replica,
     replica_scale,
+    shrink_shape,
     workload_sketch,
 )
 from ._results import SimResult, summarise
@@ -680,7 +680,7 @@ def judge_colocation(
     # A pool larger than the shape planner's replica is judged on one of its replicas:
     # 1/scale of the GPUs running 1/scale of the groups, each whole.
     scale = replica_scale(cluster.gpus, cluster.gpus_per_node, len(records))
-    sim_cluster, sim_shape = cluster, _shrink(shape, scale)
+    sim_cluster, sim_shape = cluster, shrink_shape(shape, scale)
     if scale > 1:
         scripts = group_replica(scripts, scale)
         sim_cluster = replace(cluster, gpus=cluster.gpus // scale)

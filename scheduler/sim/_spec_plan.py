@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from .._speculation import plan_group_colocation
+from ._plan import REPLICA_MARGIN
 
 __all__ = [
     "COLOCATION_MARGIN",
@@ -63,7 +64,7 @@ __all__ = [
 # (sim/_plan.py); co-location's own errors are not measured apart, so half that.
 COLOCATION_MARGIN: Final = 0.05
 # On a replica of a larger pool: the shape planner's margin for a replica's verdict.
-REPLICA_COLOCATION_MARGIN: Final = 0.10
+REPLICA_COLOCATION_MARGIN: Final = REPLICA_MARGIN
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ class ColocationDecision:
     predicted_scattered_s: float = 0.0
     predicted_colocated_s: float = 0.0
     # Co-located, whether the run still seeds texts (False: the co-located sketch ran
-    # faster without); True where groups are not kept whole (seeding as configured).
+    # no slower without); True where groups are not kept whole (seeding as configured).
     seed: bool = True
 
 
