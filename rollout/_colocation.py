@@ -9,7 +9,8 @@ planner's fallback and in-flight cap, :class:`PoolPlan`), its performance model,
 its speculation as the simulator models it (the drafts feed seeds siblings and
 history where the engines run suffix decoding). Where co-location is taken, the
 session's placement becomes the simulator's group-keeping one
-(:class:`~heddle.scheduler.sim.GroupStickyPlacement`).
+(:class:`~heddle.scheduler.sim.GroupStickyPlacement`: whole groups, a later step
+spilled to the least loaded worker in the tail).
 """
 
 from __future__ import annotations
@@ -128,7 +129,8 @@ def live_colocation(
 
 def apply_colocation(session: RolloutSession, verdict: ColocationVerdict | None) -> None:
     """Where co-location was taken, the session places a trajectory's first step where
-    its group's first went (the simulator's :class:`GroupStickyPlacement`), and its
+    its group's first went and a later one where it ran, until that worker holds many
+    more steps than the least loaded (the simulator's :class:`GroupStickyPlacement`); its
     drafts feed inserts nothing where the verdict says so (the simulator's run then
     seeds nothing either)."""
     if verdict is not None and verdict.colocate:

@@ -20,9 +20,11 @@ routing it would replace, *with speculation*, on a simulation of the pool:
    GPUs running every scale-th group by length, each whole
    (:func:`~._plan.group_replica`), at a quarter of the cost on the paper's
    pool, as the shape planner judges shapes. A replica keeps per-engine
-   effects, not all cross-engine ones (for Heddle's own placement a replica
-   was 7% ahead where the pool was 5% behind), so its verdict must clear the
-   planner's replica margin, ``REPLICA_COLOCATION_MARGIN``.
+   effects, not all cross-engine ones; for co-location with the tail spilled
+   (:class:`~._speculation.GroupStickyPlacement`) its lead came out within a
+   point of the pool's or below it in all eight runs at 8,192 trajectories on
+   64 GPUs (docs/speculation.md), so it asks the whole pool's margin, not the
+   shape planner's 10% for a replica.
 3. On that pool, the workload sketch (the previous rollout, or the
    predictor's prior: never the run's true lengths) runs under the routing in
    effect and Heddle's speculation, scattered and co-located; co-location is
@@ -30,10 +32,10 @@ routing it would replace, *with speculation*, on a simulation of the pool:
    (siblings, history), the co-located sketch runs once more without seeding,
    and the faster of the two is the co-located candidate (a tie drops
    seeding: a group's own engine holds its siblings' texts already, and the
-   insertions cost engine time). The verdict says which (``seed``). Kept
-   whole, a run's makespan swings with where the long groups land, so this
-   choice is one draw on the sketch (docs/speculation.md: +9% on search at
-   2,048, -6% on coding at a what-if acceptance). The sketch's runs predict
+   insertions cost engine time). The verdict says which (``seed``). The two
+   candidates are often within a percent or two, which is where a run's
+   makespan moves with where the groups land, so this choice is one draw on
+   the sketch (docs/speculation.md). The sketch's runs predict
    with the run's predictor (``judge_colocation``): the seeding gate reads
    the predictions.
 
@@ -50,21 +52,18 @@ from dataclasses import dataclass
 from typing import Final
 
 from .._speculation import plan_group_colocation
-from ._plan import REPLICA_MARGIN
 
 __all__ = [
     "COLOCATION_MARGIN",
-    "REPLICA_COLOCATION_MARGIN",
     "ColocationDecision",
     "decide_colocation",
 ]
 
-# How much sooner the co-located simulation must finish: the simulated lead of a
-# placement over the routing it replaces was 7-16 points too high at 2,048 trajectories
-# (sim/_plan.py); co-location's own errors are not measured apart, so half that.
+# How much sooner the co-located simulation must finish, on the whole pool or a replica
+# of it: the simulated lead of a placement over the routing it replaces was 7-16 points
+# too high at 2,048 trajectories (sim/_plan.py); co-location's own, measured apart at
+# 8,192 with the tail spilled, was at most 1.0 point too high (docs/speculation.md).
 COLOCATION_MARGIN: Final = 0.05
-# On a replica of a larger pool: the shape planner's margin for a replica's verdict.
-REPLICA_COLOCATION_MARGIN: Final = REPLICA_MARGIN
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ def decide_colocation(
     simulate: Callable[[bool, bool], float] | None,
     replica: int = 1,
     seeds: bool | None = None,
-    margin: float | None = None,
+    margin: float = COLOCATION_MARGIN,
 ) -> ColocationDecision:
     """Whether Heddle keeps GRPO groups whole on one engine (module docstring).
 
@@ -103,12 +102,9 @@ def decide_colocation(
     run configures or not at all (None: no simulation available, refuse); ``replica``:
     the pool is that many copies of what ``simulate`` runs (1: the whole pool);
     ``seeds``: whether the run seeds any text (siblings or history; default
-    ``siblings_seeded``); ``margin``: how much sooner co-located must finish (default
-    ``COLOCATION_MARGIN``, on a replica ``REPLICA_COLOCATION_MARGIN``).
+    ``siblings_seeded``); ``margin``: how much sooner co-located must finish.
     """
     seeds = siblings_seeded if seeds is None else seeds
-    if margin is None:
-        margin = COLOCATION_MARGIN if replica <= 1 else REPLICA_COLOCATION_MARGIN
     closed = plan_group_colocation(
         groups, engines, seconds_per_token, tokens_per_step_colocated, tokens_per_step_scattered
     )

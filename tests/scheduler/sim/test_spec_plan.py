@@ -7,13 +7,16 @@ from dataclasses import replace
 
 import pytest
 
+from heddle.exceptions import ConfigError
 from heddle.scheduler import (
     ACCEPTANCE_PRESETS,
     ClusterSpec,
+    ClusterView,
     FinishedTrajectory,
     PoolShape,
     ShapeConfig,
     SpeculationConfig,
+    Trajectory,
     TrajectoryScript,
     get_policy,
 )
@@ -28,6 +31,8 @@ from heddle.scheduler.sim import (
 )
 from heddle.scheduler.sim._plan import ReplicaRun, group_replica
 from heddle.scheduler.sim._spec_plan import ColocationDecision, decide_colocation
+
+from ...conftest import make_instance
 
 SUFFIX = SpeculationConfig("suffix", None)
 DEFAULT = ACCEPTANCE_PRESETS["default"]
@@ -109,7 +114,8 @@ def test_colocation_is_refused_where_whole_groups_pile_up() -> None:
     # Long and short groups alternate: the closed form pairs each long group with a short
     # one (balanced, and it predicts a gain), but placing groups as they arrive puts two
     # long groups on each of two engines, twice the waves of long sequences the pool's
-    # routing gives an engine. The simulation of the pool sees it: refused.
+    # routing gives an engine; spilling their last steps to the idle engines does not
+    # make up for it. The simulation of the pool sees it: refused.
     sim = heddle_run(groups_of([4000, 400] * 4), heddle_speculation(SUFFIX, DEFAULT, **NO_SEEDING))
     assert sim.colocation.startswith("off (simulated")
     assert "closed form" in sim.colocation
@@ -119,6 +125,66 @@ def test_colocation_is_refused_where_whole_groups_pile_up() -> None:
     )
     forced.placement = GroupStickyPlacement()
     assert forced.run().makespan_s > sim.run().makespan_s
+
+
+def loads_view(loads: dict[str, int]) -> ClusterView:
+    return ClusterView([make_instance(n) for n in loads], loads)
+
+
+def member(group: str, instance: str | None = None) -> Trajectory:
+    return Trajectory(f"{group}-{instance}", group, 100, instance=instance)
+
+
+def test_a_kept_whole_group_starts_on_one_engine_however_loaded_it_grows() -> None:
+    placement = GroupStickyPlacement()
+    assert placement.route(member("g0"), loads_view({"e0": 3, "e1": 0})) == "e1"
+    # The group's next members follow its first, even 40 requests past the least loaded.
+    assert placement.route(member("g0"), loads_view({"e0": 0, "e1": 40})) == "e1"
+    assert placement.route(member("g1"), loads_view({"e0": 0, "e1": 40})) == "e0"
+
+
+@pytest.mark.parametrize(
+    ("loads", "goes_to"),
+    [
+        ({"e0": 7, "e1": 0}, "e0"),  # 7 more than an idle engine: under the margin of 8
+        ({"e0": 8, "e1": 0}, "e1"),  # 8 more, and 8 times an idle engine's 1
+        ({"e0": 128, "e1": 112}, "e0"),  # 16 more at a full batch, but not twice as many
+        ({"e0": 40, "e1": 20}, "e1"),  # 20 more and twice as many
+    ],
+)
+def test_a_later_step_spills_to_the_least_loaded_engine_past_margin_and_ratio(
+    loads: dict[str, int], goes_to: str
+) -> None:
+    placement = GroupStickyPlacement()
+    assert placement.route(member("g0", instance="e0"), loads_view(loads)) == goes_to
+
+
+def test_without_a_spill_margin_a_group_stays_whole_to_the_end() -> None:
+    placement = GroupStickyPlacement(spill_margin=None)
+    assert placement.route(member("g0", instance="e0"), loads_view({"e0": 90, "e1": 0})) == "e0"
+    with pytest.raises(ConfigError, match="spill_margin=0"):
+        GroupStickyPlacement(spill_margin=0)
+    with pytest.raises(ConfigError, match=r"spill_ratio=0\.5"):
+        GroupStickyPlacement(spill_ratio=0.5)
+
+
+@pytest.mark.slow
+def test_spilling_the_tail_finishes_sooner_than_groups_held_whole() -> None:
+    # Long and short groups alternate on four engines of 8 slots: kept whole as they
+    # arrive, two long groups share each of two engines while the other two run short
+    # ones and go idle. Spilled, the long groups' later steps move to the idle engines
+    # (and re-prefill their contexts there).
+    scripts = groups_of([4000, 400] * 4, turns=4)
+    spec = heddle_speculation(SUFFIX, DEFAULT, **NO_SEEDING)
+    whole = heddle_run(scripts, spec)
+    whole.placement = GroupStickyPlacement(spill_margin=None)
+    spilled = heddle_run(scripts, spec)
+    spilled.placement = GroupStickyPlacement()
+    held, moved = whole.run(), spilled.run()
+    assert moved.makespan_s < 0.8 * held.makespan_s
+    assert sum(s.prefill_tokens for s in spilled.sims.values()) > sum(
+        s.prefill_tokens for s in whole.sims.values()
+    )
 
 
 def test_with_seeded_siblings_only_a_simulation_of_the_pool_decides() -> None:
@@ -215,10 +281,10 @@ def test_a_replica_keeps_every_scale_th_group_whole_the_longest_included() -> No
     assert group_replica(scripts, 1) == scripts
 
 
-def test_a_pool_larger_than_the_replica_is_judged_on_one_with_the_replica_margin() -> None:
+def test_a_pool_larger_than_the_replica_is_judged_on_one_replica_of_whole_groups() -> None:
     # 64 equal groups on 32 engines: the shape planner's replica is half of it (16 GPUs,
     # 512 trajectories), so the decision simulates that half, groups whole, and asks
-    # the replica's 10% margin.
+    # the same 5% margin as for the whole pool.
     big = replace(CLUSTER, name="thirty-two", gpus=32, gpus_per_node=8)
     scripts = groups_of([1200] * 64)
     sim = Simulator(
@@ -226,7 +292,7 @@ def test_a_pool_larger_than_the_replica_is_judged_on_one_with_the_replica_margin
         history=history_of(scripts), shape=PoolShape.of({1: 32}),
         config=SimConfig(speculation=heddle_speculation(SUFFIX, DEFAULT, **NO_SEEDING)),
     )  # fmt: skip
-    assert "on a 1/2 replica, margin 10%" in sim.colocation
+    assert "on a 1/2 replica, margin 5%" in sim.colocation
 
 
 def test_the_decisions_runs_seed_as_the_run_will_under_a_routing_without_a_predictor() -> None:
