@@ -46,6 +46,7 @@ from heddle.scheduler import (
     MODEL_PRESETS,
     PerfModel,
     PredictorConfig,
+    Trajectory,
     get_policy,
     make_placement,
     make_predictor,
@@ -244,6 +245,15 @@ def test_build_session_keeps_groups_whole_where_the_verdict_is_on(tmp_path: Path
     kept = build(ColocationVerdict(True, "on"))
     assert isinstance(kept.placement, GroupStickyPlacement)
     assert kept.drafts is not None and kept.drafts.inserting
+    # The session's view counts each worker's steps in flight, as the simulator's engines
+    # count theirs: a later step spills off a worker 8 steps past the least loaded.
+    resident = Trajectory("t0", "task-0", 100, instance="w0")
+    kept._load.update(w0=7, w1=0)
+    view = kept._view()
+    assert view is not None and kept.placement.route(resident, view) == "w0"
+    kept._load.update(w0=8, w1=0)
+    view = kept._view()
+    assert view is not None and kept.placement.route(resident, view) == "w1"
     # Kept whole and faster without insertions (the verdict's ``seed``): the feed sends none.
     unseeded = build(ColocationVerdict(True, "on", seed=False))
     assert isinstance(unseeded.placement, GroupStickyPlacement)
