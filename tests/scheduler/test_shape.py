@@ -20,6 +20,7 @@ from heddle.scheduler import (
     get_policy,
 )
 from heddle.scheduler.sim import SimConfig, SimulatedShapePlanner, Simulator, workload_sketch
+from heddle.scheduler.sim._plan import ReplicaRun, ReplicaShapePlanner, resample_groups
 
 
 def long_tail(n: int = 2048, seed: int = 0) -> np.ndarray:
@@ -207,15 +208,78 @@ def test_where_trajectory_scheduling_is_not_predicted_to_help_heddle_runs_the_be
     own = min(planner.scores[f"heddle {plan.shape}"], planner.scores[f"heddle-order {plan.shape}"])
     (static,) = [v for k, v in planner.scores.items() if k.startswith("static ")]
     assert static <= planner.scores[str(plan.shape)]  # no worse than the proxy at its best cap
-    # Heddle keeps trajectory scheduling only when the replica shows a clear (10%) win.
+    # Heddle keeps trajectory scheduling only when the replica shows a clear (10%) win,
+    # on the sketch and on each resample of its groups it was tried on.
     static_chosen = plan.fallback_policy in ("verl", "slime")
-    assert static_chosen == (own > 0.90 * static)
+    draws = [
+        (v, planner.scores[f"static {k.split(' draw ')[0].split(' ', 1)[1]} draw {k[-1]}"])
+        for k, v in planner.scores.items()
+        if " draw " in k and not k.startswith("static ")
+    ]
+    lost = own > 0.90 * static or any(o > 0.90 * f for o, f in draws)
+    assert static_chosen == lost
     assert plan.predicted_makespan_s == (static if static_chosen else own)
     assert plan.fallback_policy in (None, "heddle-order", "verl", "slime")
     keep = simulated(
-        perf, gpus=8, caps=(None, 128), margin=0.0, fallbacks=("verl",), per_engine_variants={}
+        perf,
+        gpus=8,
+        caps=(None, 128),
+        margin=0.0,
+        fallbacks=("verl",),
+        per_engine_variants={},
+        draws=0,
     )
     again = keep.plan_history(history, None, tool_means_s={"t": 0.4}, policy="heddle")
     assert (again.fallback_policy is None) == (
         keep.scores[f"heddle {again.shape}"] <= keep.scores[str(again.shape)]
     )
+
+
+class ScriptedPlanner(ReplicaShapePlanner):
+    """A planner whose replica runs take scripted makespans: ``own`` for Heddle's
+    ordering and ``static`` for every step-centric run, per draw (0: the sketch)."""
+
+    def __init__(self, perf: PerfModel, own: list[float], static: list[float], **kw: Any) -> None:
+        config = ShapeConfig(gpu_budget=8, gpus_per_node=8, reshape_s=0.0)
+        super().__init__(perf, config, caps=(None,), fallbacks=("verl",), **kw)
+        self.own, self.static = own, static
+
+    def _makespan(self, run: ReplicaRun) -> float:
+        first = run.scripts[0].id
+        draw = int(first[1 : first.index("-")]) if first.startswith("d") else 0
+        return (self.static if run.policy == "verl" else self.own)[draw]
+
+
+@pytest.mark.parametrize(
+    ("own", "draws", "kept"),
+    [
+        ([80.0, 85.0, 88.0], 2, True),  # 20%, 15% and 12% ahead: kept
+        ([80.0, 85.0, 95.0], 2, False),  # 5% ahead on the second resample: the margin is 10%
+        ([80.0, 95.0, 80.0], 2, False),  # lost on the first: the second is not run
+        ([80.0, 95.0, 95.0], 0, True),  # no resamples: the sketch alone decides
+        ([95.0, 80.0, 80.0], 2, False),  # not ahead on the sketch: no resample is run
+    ],
+)
+def test_trajectory_scheduling_is_kept_only_if_it_wins_on_resamples_of_the_sketch_too(
+    perf: PerfModel, own: list[float], draws: int, kept: bool
+) -> None:
+    planner = ScriptedPlanner(perf, own, [100.0] * 3, draws=draws)
+    sketch = workload_sketch(records(64, 200, 400, 2), tool_latency_s=0.1)
+    plan = planner.plan_workload(sketch, None, policy="heddle-order")
+    assert (plan.fallback_policy is None) == kept
+    tried = sorted(k for k in planner.scores if " draw " in k and not k.startswith("static"))
+    ran = 0 if own[0] > 90.0 else next((d for d in range(1, draws + 1) if own[d] > 90.0), draws)
+    assert len(tried) == ran
+
+
+def test_a_resample_of_the_groups_is_as_large_deterministic_and_renamed(perf: PerfModel) -> None:
+    sketch = workload_sketch(records(64, 200, 400, 2), tool_latency_s=0.1)
+    draw = resample_groups(sketch, 1)
+    assert len({s.group_id for s in draw}) == len({s.group_id for s in sketch}) == 8
+    assert len({s.id for s in draw}) == len(draw)
+    assert draw == resample_groups(sketch, 1)
+    assert draw != resample_groups(sketch, 2)
+    # Whole groups: each copy holds all eight samples of the group it copies.
+    assert all(sum(1 for t in draw if t.group_id == g) == 8 for g in {s.group_id for s in draw})
+    with pytest.raises(ConfigError, match="draws=-1"):
+        ScriptedPlanner(perf, [1.0], [1.0], draws=-1)
