@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from heddle.exceptions import HeddleError
-from heddle.scheduler import Trajectory
+from heddle.scheduler import Trajectory, unseeded_history
 
 from ._seed_gate import SeedGate
 
@@ -212,11 +212,15 @@ class DraftsFeed:
         self._history_seeded: dict[tuple[str, str], int] = {}  # (engine, task) -> samples
         self._states: dict[str, Mapping[str, Any]] = {}  # engine -> its /v1/state
         self._sizes: dict[str, int] | None = None  # task -> trajectories (the group's size)
+        self._pool_engines = 0  # the pool's engines (track()); 0: those seen
 
-    def track(self, runs: Mapping[str, TrackedRun]) -> None:
-        """The session's trajectories by id (read when a text is decided, never copied)."""
+    def track(self, runs: Mapping[str, TrackedRun], engines: int = 0) -> None:
+        """The session's trajectories by id (read when a text is decided, never copied),
+        and the pool's engines (over which the previous iteration spread each task's
+        samples: the history an engine holds uninserted; 0: those the feed has seen)."""
         self._tracked = runs
         self._sizes = None
+        self._pool_engines = engines
 
     # -- the session's hooks (synchronous: they only queue) ----------------------------
     def before_step(self, task_id: str, engine: str, trajectory_id: str | None = None) -> None:
@@ -453,6 +457,8 @@ class DraftsFeed:
                 siblings_after=here if unit == "history" else min(here + 1, max(0, size - 1)),
                 history_held=self._history_seeded.get(key, 0),
                 history_after=history if unit == "history" else 0,
+                # What the engine holds uninserted: the pool's share of the earlier samples.
+                history_unseeded=unseeded_history(size, self._pool_engines or len(self._states)),
             )
             if gate.decide(engine, task_id, unit, len(members), query):
                 kept.extend(members)

@@ -80,7 +80,7 @@ class SeedGate:
     # The newest decisions, for reports and tests (bounded: a long run takes many).
     decisions: deque[SeedDecision] = field(default_factory=lambda: deque(maxlen=10_000))
 
-    def tokens_per_step(self, k: int, siblings: int, history: int) -> float:
+    def tokens_per_step(self, k: int, siblings: int, history: float) -> float:
         """The acceptance the simulator's decision reads: suffix drafting at the output's
         start."""
         return self.acceptance.tokens_per_step(
@@ -99,6 +99,7 @@ class SeedGate:
         siblings_after: int,
         history_held: int = 0,
         history_after: int = 0,
+        history_unseeded: float = 0.0,
     ) -> SeedQuery:
         """The question for one engine: ``running`` is ``(group, trajectory)`` of each
         request generating there now."""
@@ -118,6 +119,7 @@ class SeedGate:
             siblings_after=siblings_after,
             history_held=history_held,
             history_after=history_after,
+            history_unseeded=history_unseeded,
         )
 
     def decide(self, engine: str, task_id: str, unit: str, texts: int, query: SeedQuery) -> bool:

@@ -148,7 +148,7 @@ class RolloutSession(SessionLoop, SessionReplan, SessionProgress):
         self.drafts = drafts
         self.runs: dict[str, TrajectoryRun] = {}
         if drafts is not None:  # the seed gate reads the trajectories' predictions
-            drafts.track(self.runs)
+            drafts.track(self.runs, len(workers))
         # With spec.weights, a worker takes steps only once it serves them (docs/rollouts.md).
         self.weights = WeightsKeeper(job, weights, weight_versions, self.config.step_timeout_s)
         # spec.asynchrony: weight versions in the order they were pushed (the first: the

@@ -120,6 +120,7 @@ from ._speculation import (
     seed_pays,
     seed_text_pays,
     sensitivity_model,
+    unseeded_history,
 )
 from ._stats import pearson, tail_recall
 from ._trace import (
@@ -282,5 +283,6 @@ __all__ = [
     "tokens_per_step",
     "trace_bench",
     "unpinned",
+    "unseeded_history",
     "version_age",
 ]

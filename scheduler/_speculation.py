@@ -54,6 +54,7 @@ __all__ = [
     "seed_pays",
     "seed_text_pays",
     "sensitivity_model",
+    "unseeded_history",
 ]
 
 METHODS = ("off", "ngram", "suffix")
@@ -174,10 +175,12 @@ class AcceptanceModel:
         k: int,
         *,
         siblings: int = 0,
-        history: int = 0,
+        history: float = 0.0,
         position: float = 0.0,
     ) -> float:
-        """Expected output tokens per decode step (1.0 with no speculation)."""
+        """Expected output tokens per decode step (1.0 with no speculation). ``history``
+        may be fractional: an expected count (:func:`unseeded_history`), exact since the
+        credit is linear in it up to ``history_samples``."""
         if method == "off" or k <= 0:
             return 1.0
         if method == "ngram":
@@ -475,7 +478,8 @@ class SeedQuery:
     remaining output; ``siblings_held``: siblings whose text the engine's tree holds
     now (served there or inserted, less the request itself), ``siblings_after`` with
     this text; ``history_held`` / ``history_after``: earlier samples of the task it
-    holds before / after (0 for a sibling's text).
+    holds before / after (0 for a sibling's text) by insertion; ``history_unseeded``:
+    those it holds anyway, on average (:func:`unseeded_history`).
     """
 
     tp: int
@@ -489,25 +493,36 @@ class SeedQuery:
     siblings_after: int
     history_held: int = 0
     history_after: int = 0
+    history_unseeded: float = 0.0
+
+
+def unseeded_history(group_size: int, engines: int) -> float:
+    """Earlier samples of a task an engine's suffix cache holds without insertions, on
+    average: the previous iteration's routing put the task's ``group_size`` samples
+    somewhere in the pool, chosen afresh (where its groups went was not remembered), so
+    each engine holds ``group_size / engines`` of them whether this iteration keeps the
+    group whole there or scatters it. A group kept whole holds all of them one time in
+    ``engines``, none otherwise; the acceptance model is linear in history below its
+    measured count, so the expectation is the exact mean."""
+    return group_size / max(1, engines)
 
 
 def seed_text_pays(
     perf: PerfModel,
     query: SeedQuery,
-    tokens_per_step: Callable[[int, int, int], float],
+    tokens_per_step: Callable[[int, int, float], float],
     *,
     seconds_per_inserted_token: float = SEED_S_PER_TOKEN,
 ) -> bool:
     """:func:`seed_pays` for one text, the acceptance before and after it read from
     ``tokens_per_step(k, siblings, history)`` (the acceptance model at the output's
     start). The one question the simulator's engines and the live session's drafts
-    feed ask before an insertion. The history credited before is at least the
-    siblings held plus one (stock vLLM keeps the earlier answers its routing put on
-    the engine, taken to be as many as this iteration's there)."""
+    feed ask before an insertion. The history credited before is what the engine
+    holds without insertions on average (``history_unseeded``), or what was inserted."""
     if query.members <= 0 or query.k <= 0:
         return False  # nothing there to help, or the engine does not draft at this batch
     here = query.siblings_held
-    held = max(here + 1, query.history_held)
+    held = max(query.history_unseeded, float(query.history_held))
     before = tokens_per_step(query.k, here, held)
     after = tokens_per_step(query.k, query.siblings_after, max(held, query.history_after))
     return seed_pays(

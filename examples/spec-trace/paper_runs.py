@@ -205,6 +205,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         "scheduling": r.scheduling,
         "tokens_per_s": r.tokens_per_s,
         "makespan_s": r.makespan_s,
+        "decisions_s": r.decisions_s,
         "speculation": r.speculation,
         "wall_s": time.perf_counter() - started,
     }

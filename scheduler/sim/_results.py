@@ -43,6 +43,9 @@ class SimResult:
     recompute_tokens: int  # prefill beyond each trajectory's first prompt (cache misses)
     shared_prompt_tokens: int  # prompt tokens a sibling held in the prefix cache, not prefilled
     events: int
+    # Seconds charged before the first step for the start-up decisions' mini-simulations
+    # (the shape planner, the co-location verdict; PlannerCost.simulated_event_s).
+    decisions_s: float = 0.0
     predictor: dict[str, dict[str, float]] = field(default_factory=dict)
     utilisation: list[tuple[float, float]] = field(default_factory=list)  # (t, busy GPU share)
     completion_s: list[float] = field(default_factory=list)  # sorted finish times (CDF)
@@ -93,6 +96,8 @@ class Simulation(Protocol):
     def merges(self) -> Sequence[object]: ...
     @property
     def colocation(self) -> str: ...
+    @property
+    def decisions_s(self) -> float: ...
 
 
 def _scheduling(sim: Simulation) -> str:
@@ -167,6 +172,7 @@ def summarise(sim: Simulation, events: int) -> SimResult:
         ),
         shared_prompt_tokens=sum(s.shared_prompt_tokens for s in sims),
         events=events,
+        decisions_s=sim.decisions_s,
         predictor=_predictor_quality(sim),
         utilisation=_utilisation(sim, makespan),
         completion_s=[float(x) for x in completion[::step]] + [makespan],

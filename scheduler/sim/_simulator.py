@@ -84,6 +84,11 @@ class PlannerCost:
     placement_per_trajectory_s: float = 1.1e-6
     placement_per_engine_s: float = 1.4e-5
     migration_per_trajectory_s: float = 1.4e-6
+    # The start-up decisions (the shape planner's replicas, the co-location verdict) run
+    # mini-simulations before the first step is routed: this much CPU per event they
+    # handle (``time.process_time()`` over events, Heddle's runs at 2,048 and 8,192
+    # trajectories with speculation: 105-138 us, median 119; docs/simulator.md).
+    simulated_event_s: float = 1.2e-4
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
@@ -99,6 +104,9 @@ class PlannerCost:
 
     def migration_s(self, trajectories: int) -> float:
         return self.migration_per_trajectory_s * trajectories
+
+    def decisions_s(self, simulated_events: int) -> float:
+        return self.simulated_event_s * simulated_events
 
 
 @dataclass(frozen=True)
@@ -189,6 +197,9 @@ class Simulator:
             raise ConfigError(
                 f"shape {shape} uses {shape.gpus} GPUs; the cluster has {cluster.gpus}"
             )
+        # Events the start-up decisions' mini-simulations handled (charged in run()).
+        self.decision_events = 0
+        self.decisions_s = 0.0  # simulated seconds they were charged
         # The planner's verdict: a step-centric policy to run instead (see _initial_shape).
         self.fallback_policy: str | None = None
         if shape is not None:
@@ -279,9 +290,11 @@ class Simulator:
             tensor_parallel_sizes=self.cluster.tensor_parallel_sizes,
             reshape_s=self.config.initial_reshape_s,
         )
-        plan = SimulatedShapePlanner(
-            self.perf, config, speculation=self.config.speculation
-        ).plan_history(records, baseline, tool_means_s=self.tool_means_s, policy=self.policy.name)
+        planner = SimulatedShapePlanner(self.perf, config, speculation=self.config.speculation)
+        plan = planner.plan_history(
+            records, baseline, tool_means_s=self.tool_means_s, policy=self.policy.name
+        )
+        self.decision_events += planner.simulated_events
         if plan.fallback_policy is not None and self.config.max_trajectories_per_engine is None:
             self.config = replace(
                 self.config, max_trajectories_per_engine=plan.max_trajectories_per_engine
@@ -312,6 +325,7 @@ class Simulator:
             predictor=self.policy.predictor,
         )
         kept = placement if placement is not None else self.placement
+        self.decision_events += verdict.simulated_events
         return kept, verdict.reason, verdict.seed
 
     def _check_fits(self, inst: EngineInstance) -> None:
@@ -544,6 +558,12 @@ class Simulator:
     def run(self, progress: Callable[[int, int], None] | None = None) -> SimResult:
         """Simulate until every trajectory finishes; ``progress(done, total)`` as they do."""
         start = self.config.initial_reshape_s if self.reshaped else 0.0
+        cost = self.config.planner_cost
+        if cost is not None and self.decision_events:
+            # The session routes nothing until its shape and co-location are decided.
+            self.decisions_s = cost.decisions_s(self.decision_events)
+            self.planner_s += self.decisions_s
+            start += self.decisions_s
         sims = list(self.sims.values())
         for sim in sims:
             self._predict(sim)
@@ -691,11 +711,19 @@ def judge_colocation(
         # seeding gate reads: without it the sketch's runs would never seed a text.
         routing = replace(routing, predictor=predictor)
 
+    events = [0]
+
     def simulate(colocate: bool, seed: bool) -> float:
         # The sketch under the routing in effect, with this run's speculation (its
         # seeding, or none); never the run's own scripts (their lengths are not known
         # to the session).
-        run_spec = replace(spec if seed else spec.unseeded(), colocate_groups=False)
+        # A replica holds the pool's share of a task's earlier samples, not a 1/scale
+        # pool's: the previous iteration spread them over all its engines.
+        run_spec = replace(
+            spec if seed else spec.unseeded(),
+            colocate_groups=False,
+            pool_engines=spec.pool_engines or shape.num_instances,
+        )
         sim = Simulator(
             scripts,
             sim_cluster,
@@ -708,9 +736,11 @@ def judge_colocation(
         )
         if colocate:
             sim.placement = GroupStickyPlacement()
-        return sim.run().makespan_s
+        result = sim.run()
+        events[0] += result.events
+        return result.makespan_s
 
-    return colocation_placement(
+    placement, verdict = colocation_placement(
         trajectories,
         shape.num_instances,
         shape.tps()[0],
@@ -719,6 +749,7 @@ def judge_colocation(
         replica=scale,
         simulate=simulate if sim_shape is not None else None,
     )
+    return placement, replace(verdict, simulated_events=events[0])
 
 
 class SimulatedShapePlanner(ReplicaShapePlanner):
@@ -738,6 +769,7 @@ class SimulatedShapePlanner(ReplicaShapePlanner):
         **options: Any,
     ) -> None:
         super().__init__(perf, config, **options)
+        self.simulated_events = 0  # events its mini-simulations handled (their CPU cost)
         self.speculation = (
             None if speculation is None else replace(speculation, colocate_groups=False)
         )
@@ -757,4 +789,6 @@ class SimulatedShapePlanner(ReplicaShapePlanner):
                 speculation=self.speculation,
             ),
         )
-        return sim.run().makespan_s
+        result = sim.run()
+        self.simulated_events += result.events
+        return result.makespan_s

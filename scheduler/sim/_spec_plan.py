@@ -77,6 +77,8 @@ class ColocationDecision:
     # Co-located, whether the run still seeds texts (False: the co-located sketch ran
     # no slower without); True where groups are not kept whole (seeding as configured).
     seed: bool = True
+    # Events its simulations handled: what deciding cost, charged before the run starts.
+    simulated_events: int = 0
 
 
 def decide_colocation(

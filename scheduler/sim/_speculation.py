@@ -5,8 +5,10 @@ Only what a real vLLM worker can do is modelled: one method per engine
 An engine's suffix tree holds the text of every request it served (vLLM keeps
 up to 10,000 responses), so a request's siblings help only where they ran on the
 same engine — for the baselines as for Heddle. The previous iteration's samples
-of a task are taken to be on an engine in the same number as this iteration's
-(the same routing ran then), so history too follows placement.
+of a task are where that iteration's routing put them, which no routing remembers:
+each engine holds ``group_size / engines`` of them on average
+(:func:`~heddle.scheduler.unseeded_history`), a group kept whole here as much as a
+scattered one. More history is there only where the session inserted it.
 
 Each segment (``SimEngine.start_segment``) asks :class:`EngineSpeculator` for the
 batch's K and tokens per step; every running request then advances by the
@@ -34,6 +36,7 @@ from .._speculation import (
     choose_k,
     k_by_batch_size,
     seed_text_pays,
+    unseeded_history,
 )
 from .._types import Trajectory
 from .._workload import TrajectoryScript
@@ -84,6 +87,9 @@ class SimSpeculation:
       (:func:`k_by_batch_size`, what a vLLM worker takes), not per segment.
 
     Every inserted token costs its engine ``seed_s_per_token`` of loop time.
+    ``pool_engines``: the engines the previous iteration spread a task's samples over,
+    for the history an engine holds uninserted (None: this run's; a replica of a pool
+    sets the pool's).
 
     Two settings for replaying a measured run (``heddle bench fidelity``):
 
@@ -105,6 +111,7 @@ class SimSpeculation:
     k_table: bool = False
     k_by_batch_size: tuple[tuple[int, int], ...] = ()
     replayed: Mapping[str, float] | None = None
+    pool_engines: int | None = None
 
     @property
     def seeds(self) -> bool:
@@ -159,6 +166,8 @@ class EngineSpeculator:
         self.running_groups: dict[str, set[str]] = defaultdict(set)  # group -> engines
         self._last_groups: dict[str, set[str]] = {}  # engine -> groups it ran last segment
         self.history_tried: dict[str, set[str]] = defaultdict(set)  # engine -> groups decided
+        # engine -> group -> when the feed asks about its history there (first step + push)
+        self._history_due: dict[str, dict[str, float]] = defaultdict(dict)
         self.seeded_history: dict[str, set[str]] = defaultdict(set)  # engine -> groups seeded
         self._now = 0.0
         self.group_sizes = dict(group_sizes or {})
@@ -167,12 +176,12 @@ class EngineSpeculator:
         self.seeded_tokens = 0.0  # tokens inserted into suffix caches (reports)
         self.seed_s = 0.0  # engine seconds those insertions cost
         self.k_steps: Counter[int] = Counter()  # segments started at each K (reports)
-        self._tau: dict[tuple[int, int, int, float], float] = {}  # memo of the model
+        self._tau: dict[tuple[int, int, float, float], float] = {}  # memo of the model
         self._tables: dict[int, tuple[tuple[int, int], ...]] = {}  # tp -> K by batch size
         self._engines: dict[str, SimEngine] = {}  # the engines it serves, by name
         self._last_k: dict[str, int] = {}  # engine -> K of its current segment
 
-    def _tokens_per_step(self, k: int, siblings: int, history: int, position: float) -> float:
+    def _tokens_per_step(self, k: int, siblings: int, history: float, position: float) -> float:
         key = (k, siblings, history, position)
         value = self._tau.get(key)
         if value is None:
@@ -217,7 +226,13 @@ class EngineSpeculator:
             siblings_after=siblings,
             history_held=self.spec.seed_history if group in self.seeded_history[engine.name] else 0,
             history_after=history,
+            history_unseeded=self._unseeded(group),
         )
+
+    def _unseeded(self, group: str) -> float:
+        """The task's earlier samples an engine holds without insertions, on average."""
+        engines = self.spec.pool_engines or len(self._engines)
+        return unseeded_history(self.group_sizes.get(group, 1), engines)
 
     def step_ended(self, engine: SimEngine, sim: SimTrajectory, now: float) -> None:
         """A step returned its text to the session, which pushes it, ``push_interval_s``
@@ -263,7 +278,7 @@ class EngineSpeculator:
     def register(self, engine: SimEngine) -> None:
         self._engines[engine.name] = engine
 
-    def _corpus(self, engine: SimEngine, now: float) -> Counter[tuple[int, int, float]]:
+    def _corpus(self, engine: SimEngine, now: float) -> Counter[tuple[int, float, float]]:
         """Requests that draft alike, counted once each: (siblings, history, position)."""
         self._now = now
         name = engine.name
@@ -275,31 +290,47 @@ class EngineSpeculator:
         for group in groups:
             self.running_groups[group].add(name)
         self._last_groups[name] = groups
-        wants_history = self.spec.seed_history > 0
         for sim in running:
-            group = sim.traj.group_id
-            if wants_history and group not in self.history_tried[name]:
-                # Before the task's first step here the session may insert its earlier
-                # outputs, where that pays for the group's requests on this engine.
-                self.history_tried[name].add(group)
-                served[group].add(sim.id)
-                tokens = self.history_tokens.get(group, 0.0)
-                here = self._siblings_here(engine, group, now)
-                if self._gain(engine, group, tokens, here, self.spec.seed_history):
-                    self._charge(name, tokens)
-                    self.seeded_history[name].add(group)
-            served[group].add(sim.id)
-        kinds: Counter[tuple[int, int, float]] = Counter()
+            served[sim.traj.group_id].add(sim.id)
+        self._seed_history(engine, now)
+        kinds: Counter[tuple[int, float, float]] = Counter()
         for sim in running:
             group = sim.traj.group_id
             siblings = self._siblings_here(engine, group, now)
             # The previous iteration's samples of the task: stock vLLM holds those its
-            # routing happened to send here (as many as this iteration's); seeded, all.
-            history = siblings + 1
+            # routing happened to send here (group size / engines on average, kept
+            # whole or not); inserted, all the session seeded.
+            history = self._unseeded(group)
             if group in self.seeded_history[name]:
-                history = max(history, self.spec.seed_history)
+                history = max(history, float(self.spec.seed_history))
             kinds[(siblings, history, _position(sim.traj))] += 1
         return kinds
+
+    def _seed_history(self, engine: SimEngine, now: float) -> None:
+        """Once per task and engine, the session may insert the task's earlier outputs
+        where that pays for the group's requests there. As the live feed does, it asks
+        ``push_interval_s`` after the task's first step there (the feed sends in batches
+        at that interval), at the engine's batch then and the K it drafts with (its last
+        segment's), and the texts draft from that segment on. Asked at the first step,
+        the question read a batch still filling at the run's start (one request: every
+        insertion paid) and K = 0 (the engine had not yet
+        chosen one: the first task on each engine never got its history), where the
+        feed sees the full batch and the worker's K."""
+        if self.spec.seed_history <= 0:
+            return
+        name = engine.name
+        due = self._history_due[name]
+        for group in dict.fromkeys(sim.traj.group_id for sim in engine.running.values()):
+            if group in self.history_tried[name]:
+                continue
+            if now < due.setdefault(group, now + self.spec.push_interval_s):
+                continue
+            self.history_tried[name].add(group)
+            tokens = self.history_tokens.get(group, 0.0)
+            here = self._siblings_here(engine, group, now)
+            if self._gain(engine, group, tokens, here, self.spec.seed_history):
+                self._charge(name, tokens)
+                self.seeded_history[name].add(group)
 
     # -- K ------------------------------------------------------------------------
     def _table_k(self, engine: SimEngine, batch: int, tau: Callable[[int], float]) -> int:
@@ -471,11 +502,11 @@ def colocation_placement(
     size = max(len(v) for v in groups.values())
     per_engine = max(1, engines)
     scattered = max(0, round(size / per_engine) - 1)
-    history = max(size if spec.seed_history else 0, 1)
-    co = model.tokens_per_step(config.method, k, siblings=size - 1, history=max(size, history))
-    sc = model.tokens_per_step(
-        config.method, k, siblings=scattered, history=max(scattered + 1, history)
-    )
+    # Earlier samples: inserted where the run seeds them, else the pool's average share
+    # (kept whole or scattered alike: the previous iteration's homes are not remembered).
+    history = float(size) if spec.seed_history else unseeded_history(size, per_engine)
+    co = model.tokens_per_step(config.method, k, siblings=size - 1, history=history)
+    sc = model.tokens_per_step(config.method, k, siblings=scattered, history=history)
     per_token = perf.instance("probe", tp).per_token_s
     decision = decide_colocation(
         groups,

@@ -15,6 +15,7 @@ from heddle.scheduler import (
     PerfModel,
     ReplayConfig,
     ReplaySample,
+    SeedQuery,
     SpeculationConfig,
     SuffixDrafter,
     SuffixIndex,
@@ -24,7 +25,9 @@ from heddle.scheduler import (
     ngram_draft,
     plan_group_colocation,
     replay_group,
+    seed_text_pays,
     tokens_per_step,
+    unseeded_history,
 )
 
 H100 = PerfModel(MODEL_PRESETS["qwen3-8b"], HardwareSpec("H100-SXM", 80.0, 3350.0, 989.0, 450.0))
@@ -223,6 +226,43 @@ def test_colocation_pays_for_balanced_groups_not_for_one_giant_group() -> None:
     assert not plan_group_colocation(skewed, 16, 0.01, 1.6, 1.2).colocate
     # No acceptance gain from siblings: scattering is never worse.
     assert not plan_group_colocation(even, 16, 0.01, 1.2, 1.2).colocate
+
+
+def test_an_engine_holds_the_pools_share_of_a_tasks_earlier_samples_uninserted() -> None:
+    # The previous iteration put a task's 16 samples somewhere among the engines, not
+    # remembered: 1 per engine on 16, a quarter on 64, whether this group is whole or not.
+    assert unseeded_history(16, 16) == 1.0
+    assert unseeded_history(16, 64) == 0.25
+    assert unseeded_history(16, 0) == 16.0  # no engine known: the whole group is the pool
+    # The model is linear in history below its measured count, so a fractional
+    # expectation is the mean of "all of them one time in E, none otherwise".
+    model = ACCEPTANCE_PRESETS["default"]
+    own = model.tokens_per_step("suffix", 2)
+    full = model.tokens_per_step("suffix", 2, history=16)
+    assert model.tokens_per_step("suffix", 2, history=0.25) == pytest.approx(
+        own + (full - own) / 64
+    )
+
+
+def test_inserting_a_tasks_history_pays_against_what_the_engine_holds_uninserted() -> None:
+    # A whole group of 16 mid-output on one engine: its siblings are there; its earlier
+    # samples are there only by the pool's share (here 1 of 16 engines' worth).
+    model = ACCEPTANCE_PRESETS["default"]
+
+    def tau(k: int, siblings: int, history: float) -> float:
+        return model.tokens_per_step("suffix", k, siblings=siblings, history=history)
+
+    def query(unseeded: float) -> SeedQuery:
+        return SeedQuery(
+            tp=1, batch=16, context_tokens=16 * 2000.0, k=2, insert_tokens=16 * 1000.0,
+            members=16, remaining_tokens=16 * 4000.0, siblings_held=15, siblings_after=15,
+            history_after=16, history_unseeded=unseeded,
+        )  # fmt: skip
+
+    assert seed_text_pays(H100, query(1.0), tau)
+    # Were the earlier answers all held already (as if the routing remembered the
+    # group's home), the same insertion would add nothing.
+    assert not seed_text_pays(H100, query(16.0), tau)
 
 
 def test_speculation_config_rejects_unknown_settings() -> None:

@@ -176,7 +176,7 @@ def _run(policy: str, cost: PlannerCost | None) -> tuple[Simulator, tuple[object
 
 
 def test_a_free_planner_changes_nothing() -> None:
-    free = PlannerCost(0.0, 0.0, 0.0, 0.0)
+    free = PlannerCost(0.0, 0.0, 0.0, 0.0, 0.0)
     assert _run("heddle-migrate", free)[1] == _run("heddle-migrate", None)[1]
 
 
@@ -198,6 +198,25 @@ def test_the_first_steps_wait_for_the_first_plan() -> None:
     assert first == 2.0
     # Every re-plan with work left pays the fixed cost; the last may find nothing to plan.
     assert sim.planner_s in (2.0 * (1 + sim.replans), 2.0 * sim.replans)
+
+
+def test_the_first_steps_wait_for_the_start_up_decisions() -> None:
+    # Heddle plans its pool's shape before it routes a step: the planner's
+    # mini-simulations of a replica are charged by the events they handled.
+    def planned(cost: PlannerCost | None) -> tuple[Simulator, float]:
+        sim = Simulator(
+            generate(_CODING, 5), _NODE, get_policy("heddle"), tool_means_s={"sandbox": 0.41},
+            history=history_of(generate(_CODING, 6)), config=SimConfig(planner_cost=cost),
+        )  # fmt: skip
+        return sim, sim.run().decisions_s
+
+    sim, charged = planned(PlannerCost(simulated_event_s=1e-3))
+    assert sim.decision_events > 0
+    assert charged == pytest.approx(1e-3 * sim.decision_events)
+    first = min(start for e in sim.engines.values() for start, _ in e.busy_intervals)
+    assert first >= charged
+    free, nothing = planned(None)
+    assert nothing == 0.0 and free.decision_events == sim.decision_events
 
 
 @pytest.mark.slow
