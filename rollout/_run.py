@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -349,6 +350,7 @@ def summary_of(
     engine: str,
     scheduling: str | None = None,
     colocation: ColocationVerdict | None = None,
+    decisions_s: float = 0.0,
 ) -> dict[str, Any]:
     p = result.progress
     policy = get_policy(scheduling or local.job.policy)
@@ -378,6 +380,9 @@ def summary_of(
             "shape_source": "pinned in the pool" if local.pool.shape is not None else "planned",
         },
         "deadline_hit": result.deadline_hit,
+        # Seconds the shape planner and the co-location decision took before the pool
+        # started (the simulator charges the same: SimResult.decisions_s).
+        "decisions_s": decisions_s,
         **({"drafts": result.drafts} if result.drafts is not None else {}),
         # Whether GRPO groups were kept whole (the simulator's decision); absent where it
         # was not asked (speculation off, or one sample per task).
@@ -419,11 +424,14 @@ async def run_local(
     ``OUTPUT.trainer.json`` say where.
     """
     perf = perf_model_for(local.pool, options)
+    started = time.perf_counter()
     plan = plan_pool(local, perf, options.speculation)
     shape = plan.shape
     colocation = live_colocation(
         local, shape, plan.policy, plan.max_trajectories_in_flight, perf, options.speculation
     )
+    decisions_s = time.perf_counter() - started
+    log.info("%s: shape %s and co-location decided in %.1f s", local.job.name, shape, decisions_s)
     # Locked and checked before any worker starts: a second run on this output stops here.
     sink = OutputSink(local.output)
     sink.open()
@@ -479,7 +487,7 @@ async def run_local(
             await asyncio.shield(served.stop())
             gateway_file(local.output).unlink(missing_ok=True)  # an agent never finds a stale one
         await asyncio.shield(pool.stop())
-    summary = summary_of(local, shape, result, options.engine, plan.policy, colocation)
+    summary = summary_of(local, shape, result, options.engine, plan.policy, colocation, decisions_s)
     summary_path = local.output.with_name(local.output.name + ".summary.json")
     try:
         summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

@@ -87,6 +87,9 @@ def test_tools_job_with_malformed_tasks(tmp_path: Path, tool_server: ToolServer)
     assert_exactly_once(records, {("a", 0), ("a", 1), ("c", 0), ("c", 1)})
     summary = json.loads((tmp_path / "out" / "rollout.jsonl.summary.json").read_text())
     assert summary["progress"]["malformed_tasks"] == 2
+    # How long the shape planner and the co-location decision took before the pool
+    # started (what the simulator charges as decisions_s).
+    assert isinstance(summary["decisions_s"], float) and summary["decisions_s"] >= 0.0
     assert len(tool_server.calls) == 2
 
 
