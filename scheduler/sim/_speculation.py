@@ -309,13 +309,10 @@ class EngineSpeculator:
     def _seed_history(self, engine: SimEngine, now: float) -> None:
         """Once per task and engine, the session may insert the task's earlier outputs
         where that pays for the group's requests there. As the live feed does, it asks
-        ``push_interval_s`` after the task's first step there (the feed sends in batches
-        at that interval), at the engine's batch then and the K it drafts with (its last
-        segment's), and the texts draft from that segment on. Asked at the first step,
-        the question read a batch still filling at the run's start (one request: every
-        insertion paid) and K = 0 (the engine had not yet
-        chosen one: the first task on each engine never got its history), where the
-        feed sees the full batch and the worker's K."""
+        ``push_interval_s`` after the task's first step there (the feed sends at that
+        interval), at the engine's batch then and the K of its last segment (at the
+        first step the engine has no K yet and, at the run's start, a batch still
+        filling); the texts draft from that segment on."""
         if self.spec.seed_history <= 0:
             return
         name = engine.name
