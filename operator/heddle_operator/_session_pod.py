@@ -45,6 +45,7 @@ from heddle.rollout import (
     build_session,
     check_tool_hosts,
     job_workload,
+    live_colocation,
     perf_model_for,
     plan_pool,
     read_tasks,
@@ -208,7 +209,17 @@ async def _run(
         job, pool, await _tasks(kube, job), config.base_dir, tool_hosts=HostAllowList.from_env()
     )
     perf = perf_model_for(pool)
-    plan = await asyncio.to_thread(plan_pool, local, perf)  # mini-simulations
+    started = time.perf_counter()
+    # Both run mini-simulations (seconds to a minute): off the loop, which keeps writing
+    # the job's status meanwhile.
+    plan = await asyncio.to_thread(plan_pool, local, perf)
+    colocation = await asyncio.to_thread(
+        live_colocation, local, plan.shape, plan.policy, plan.max_trajectories_in_flight, perf
+    )
+    log.info(
+        "%s: shape %s and co-location decided in %.1f s",
+        job.name, plan.shape, time.perf_counter() - started,
+    )  # fmt: skip
     planned: dict[str, Any] = {}
     if pool.shape is None:  # the operator reshapes the pool to it (docs/operator.md)
         planned.update(SessionPublished(planned_shape=plan.shape).fields())
@@ -231,6 +242,7 @@ async def _run(
         config=config.session,
         metrics=metrics,
         weight_versions=versions,
+        colocation=colocation,
     )
     served: Gateway | None = None
     if isinstance(environment, ExternalEnvironment):

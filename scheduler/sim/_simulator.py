@@ -86,9 +86,12 @@ class PlannerCost:
     migration_per_trajectory_s: float = 1.4e-6
     # The start-up decisions (the shape planner's replicas, the co-location verdict) run
     # mini-simulations before the first step is routed: this much CPU per event they
-    # handle (``time.process_time()`` over events, Heddle's runs at 2,048 and 8,192
-    # trajectories with speculation: 105-138 us, median 119; docs/simulator.md).
-    simulated_event_s: float = 1.2e-4
+    # handle (``time.process_time()`` over events, Heddle's runs on four workloads at
+    # 2,048 and 8,192 trajectories: plain decode 22-28 us, median 24.5; speculating,
+    # where each step also groups its batch by what it drafts from, 64-102 us, median
+    # 79; docs/simulator.md).
+    simulated_event_s: float = 2.5e-5
+    speculating_event_s: float = 8e-5
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
@@ -105,8 +108,9 @@ class PlannerCost:
     def migration_s(self, trajectories: int) -> float:
         return self.migration_per_trajectory_s * trajectories
 
-    def decisions_s(self, simulated_events: int) -> float:
-        return self.simulated_event_s * simulated_events
+    def decisions_s(self, simulated_events: int, *, speculating: bool = False) -> float:
+        rate = self.speculating_event_s if speculating else self.simulated_event_s
+        return rate * simulated_events
 
 
 @dataclass(frozen=True)
@@ -561,7 +565,10 @@ class Simulator:
         cost = self.config.planner_cost
         if cost is not None and self.decision_events:
             # The session routes nothing until its shape and co-location are decided.
-            self.decisions_s = cost.decisions_s(self.decision_events)
+            # Its mini-simulations speculate as the run does (the planner's, the verdict's).
+            spec = self.config.speculation
+            speculating = spec is not None and spec.config.enabled
+            self.decisions_s = cost.decisions_s(self.decision_events, speculating=speculating)
             self.planner_s += self.decisions_s
             start += self.decisions_s
         sims = list(self.sims.values())

@@ -43,6 +43,8 @@ from .._workload import TrajectoryScript
 from ._entities import SimEngine, SimTrajectory
 from ._spec_plan import ColocationDecision, decide_colocation
 
+_NONE: Final[frozenset[str]] = frozenset()  # no text served
+
 # The worker keeps at most this many inserted texts per job and task
 # (worker/_drafts.py, MAX_DRAFT_TEXTS_PER_TASK; the scheduler cannot import the worker).
 MAX_SEEDED_PER_TASK: Final = 64
@@ -177,6 +179,8 @@ class EngineSpeculator:
         self.seed_s = 0.0  # engine seconds those insertions cost
         self.k_steps: Counter[int] = Counter()  # segments started at each K (reports)
         self._tau: dict[tuple[int, int, float, float], float] = {}  # memo of the model
+        self._unseeded_engines = 0  # the engine count _unseeded_of holds figures for
+        self._unseeded_of: dict[str, float] = {}  # group -> _unseeded(group)
         self._tables: dict[int, tuple[tuple[int, int], ...]] = {}  # tp -> K by batch size
         self._engines: dict[str, SimEngine] = {}  # the engines it serves, by name
         self._last_k: dict[str, int] = {}  # engine -> K of its current segment
@@ -231,8 +235,20 @@ class EngineSpeculator:
 
     def _unseeded(self, group: str) -> float:
         """The task's earlier samples an engine holds without insertions, on average."""
+        table = self._unseeded_table()
+        value = table.get(group)
+        if value is None:
+            value = unseeded_history(self.group_sizes.get(group, 1), self._unseeded_engines)
+            table[group] = value
+        return value
+
+    def _unseeded_table(self) -> dict[str, float]:
+        """group -> :meth:`_unseeded`, for the pool's engine count now (asked for every
+        running group at every step: kept)."""
         engines = self.spec.pool_engines or len(self._engines)
-        return unseeded_history(self.group_sizes.get(group, 1), engines)
+        if engines != self._unseeded_engines:
+            self._unseeded_engines, self._unseeded_of = engines, {}
+        return self._unseeded_of
 
     def step_ended(self, engine: SimEngine, sim: SimTrajectory, now: float) -> None:
         """A step returned its text to the session, which pushes it, ``push_interval_s``
@@ -260,10 +276,11 @@ class EngineSpeculator:
 
     def _siblings_here(self, engine: SimEngine, group: str, now: float) -> int:
         """Siblings whose text ``engine``'s tree holds: served there, or pushed and arrived."""
-        here = self.served[engine.name][group]
-        arrived = sum(
-            1 for t, at in self.pushed[engine.name][group].items() if at <= now and t not in here
-        )
+        name = engine.name
+        here = self.served[name].get(group, _NONE)
+        pushed = self.pushed[name].get(group)
+        # Most groups have nothing pushed to most engines: the sum only where there is.
+        arrived = sum(1 for t, at in pushed.items() if at <= now and t not in here) if pushed else 0
         return max(0, len(here) + arrived - 1)
 
     def _charge(self, engine_name: str, tokens: float) -> None:
@@ -279,34 +296,56 @@ class EngineSpeculator:
         self._engines[engine.name] = engine
 
     def _corpus(self, engine: SimEngine, now: float) -> Counter[tuple[int, float, float]]:
-        """Requests that draft alike, counted once each: (siblings, history, position)."""
+        """Requests that draft alike, counted once each: (siblings, history, position).
+
+        Asked at every step of every engine (the mini-simulations' CPU time, which the
+        run is charged for, is mostly here): one pass over the batch, and the group's
+        figures once per group."""
         self._now = now
         name = engine.name
         served = self.served[name]
-        running = engine.running.values()
-        groups = {sim.traj.group_id for sim in running}
-        for group in self._last_groups.get(name, set()) - groups:
+        order: dict[str, None] = {}  # the running groups, in batch order
+        for sim in engine.running.values():
+            traj = sim.traj
+            served[traj.group_id].add(traj.id)
+            order[traj.group_id] = None
+        groups = set(order)
+        last = self._last_groups.get(name, _NONE)
+        for group in last - groups:
             self.running_groups[group].discard(name)
-        for group in groups:
+        for group in groups - last:
             self.running_groups[group].add(name)
         self._last_groups[name] = groups
-        for sim in running:
-            served[sim.traj.group_id].add(sim.id)
-        self._seed_history(engine, now)
-        kinds: Counter[tuple[int, float, float]] = Counter()
-        for sim in running:
-            group = sim.traj.group_id
-            siblings = self._siblings_here(engine, group, now)
+        self._seed_history(engine, now, order)
+        seeded = self.seeded_history[name]
+        pushed = self.pushed[name]
+        # What a member drafts from is the same for its whole group on this engine:
+        # (siblings, history), as _siblings_here and _unseeded say, inlined.
+        drafting: dict[str, tuple[int, float]] = {}
+        unseeded, seed_history = self._unseeded_table(), float(self.spec.seed_history)
+        for group in order:
+            here = served[group]  # holds this step's members: at least one
+            sent = pushed.get(group)
+            arrived = sum(1 for t, at in sent.items() if at <= now and t not in here) if sent else 0
             # The previous iteration's samples of the task: stock vLLM holds those its
             # routing happened to send here (group size / engines on average, kept
             # whole or not); inserted, all the session seeded.
-            history = self._unseeded(group)
-            if group in self.seeded_history[name]:
-                history = max(history, float(self.spec.seed_history))
-            kinds[(siblings, history, _position(sim.traj))] += 1
+            history = unseeded.get(group)
+            if history is None:
+                history = self._unseeded(group)
+            if group in seeded and seed_history > history:
+                history = seed_history
+            drafting[group] = (len(here) + arrived - 1, history)
+        kinds: Counter[tuple[int, float, float]] = Counter()
+        for sim in engine.running.values():
+            traj = sim.traj
+            alike = drafting[traj.group_id]
+            # The request's output position, rounded to a power of two (few kinds).
+            n = traj.generated_tokens
+            kinds[(alike[0], alike[1], float(1 << n.bit_length()) if n > 0 else 0.0)] += 1
         return kinds
 
-    def _seed_history(self, engine: SimEngine, now: float) -> None:
+    def _seed_history(self, engine: SimEngine, now: float, groups: Iterable[str]) -> None:
         """Once per task and engine, the session may insert the task's earlier outputs
         where that pays for the group's requests there. As the live feed does, it asks
         ``push_interval_s`` after the task's first step there (the feed sends at that
@@ -317,7 +356,7 @@ class EngineSpeculator:
             return
         name = engine.name
         due = self._history_due[name]
-        for group in dict.fromkeys(sim.traj.group_id for sim in engine.running.values()):
+        for group in groups:  # the running groups, in batch order
             if group in self.history_tried[name]:
                 continue
             if now < due.setdefault(group, now + self.spec.push_interval_s):
@@ -377,12 +416,6 @@ def _k_at(table: Sequence[tuple[int, int]], batch: int) -> int:
         if batch <= up_to:
             return k
     return table[-1][1] if table else 0
-
-
-def _position(traj: Trajectory) -> float:
-    """The request's output position, rounded to a power of two (few distinct kinds)."""
-    n = traj.generated_tokens
-    return float(1 << max(n, 1).bit_length()) if n > 0 else 0.0
 
 
 # A step of a kept-whole group leaves its engine for the least loaded one once its

@@ -13,16 +13,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from heddle.scheduler import (
+    HEDDLE_SPECULATION,
     ClusterSpec,
     PoolShape,
+    SpeculationConfig,
     Trajectory,
     TrajectoryScript,
     WorkloadSpec,
+    acceptance_model,
     generate,
     get_policy,
     history_of,
 )
-from heddle.scheduler.sim import PlannerCost, SimConfig, SimEngine, SimTrajectory, Simulator
+from heddle.scheduler.sim import (
+    PlannerCost,
+    SimConfig,
+    SimEngine,
+    SimSpeculation,
+    SimTrajectory,
+    Simulator,
+    heddle_speculation,
+)
 from heddle.scheduler.sim._view import LoadIndex
 
 # -- LoadIndex against min/max over a list ------------------------------------------------
@@ -200,23 +211,40 @@ def test_the_first_steps_wait_for_the_first_plan() -> None:
     assert sim.planner_s in (2.0 * (1 + sim.replans), 2.0 * sim.replans)
 
 
+def _planned(
+    cost: PlannerCost | None, speculation: SimSpeculation | None = None
+) -> tuple[Simulator, float]:
+    sim = Simulator(
+        generate(_CODING, 5), _NODE, get_policy("heddle"), tool_means_s={"sandbox": 0.41},
+        history=history_of(generate(_CODING, 6)),
+        config=SimConfig(planner_cost=cost, speculation=speculation),
+    )  # fmt: skip
+    return sim, sim.run().decisions_s
+
+
 def test_the_first_steps_wait_for_the_start_up_decisions() -> None:
     # Heddle plans its pool's shape before it routes a step: the planner's
     # mini-simulations of a replica are charged by the events they handled.
-    def planned(cost: PlannerCost | None) -> tuple[Simulator, float]:
-        sim = Simulator(
-            generate(_CODING, 5), _NODE, get_policy("heddle"), tool_means_s={"sandbox": 0.41},
-            history=history_of(generate(_CODING, 6)), config=SimConfig(planner_cost=cost),
-        )  # fmt: skip
-        return sim, sim.run().decisions_s
-
-    sim, charged = planned(PlannerCost(simulated_event_s=1e-3))
+    sim, charged = _planned(PlannerCost(simulated_event_s=1e-3, speculating_event_s=5e-3))
     assert sim.decision_events > 0
     assert charged == pytest.approx(1e-3 * sim.decision_events)
     first = min(start for e in sim.engines.values() for start, _ in e.busy_intervals)
     assert first >= charged
-    free, nothing = planned(None)
+    free, nothing = _planned(None)
     assert nothing == 0.0 and free.decision_events == sim.decision_events
+
+
+def test_speculating_decisions_are_charged_at_their_own_rate() -> None:
+    # A speculating mini-simulation groups every step's batch by what it drafts from:
+    # its events cost about three times a plain one's (docs/simulator.md).
+    spec = heddle_speculation(HEDDLE_SPECULATION, acceptance_model("default"))
+    cost = PlannerCost(simulated_event_s=1e-3, speculating_event_s=5e-3)
+    sim, charged = _planned(cost, spec)
+    assert sim.decision_events > 0
+    assert charged == pytest.approx(5e-3 * sim.decision_events)
+    off = replace(spec, config=SpeculationConfig("off"))
+    plain, charged_off = _planned(cost, off)
+    assert charged_off == pytest.approx(1e-3 * plain.decision_events)
 
 
 @pytest.mark.slow
