@@ -143,7 +143,9 @@ def replica_scale(
 
 @dataclass(frozen=True)
 class ReplicaRun:
-    """One mini-simulation: ``scripts`` on ``shape`` under ``policy`` at in-flight ``cap``."""
+    """One mini-simulation: ``scripts`` on ``shape`` under ``policy`` at in-flight ``cap``;
+    ``pool_engines``: the engines of the pool the replica stands for (a task's earlier
+    samples were spread over those, not over the replica's)."""
 
     scripts: Sequence[TrajectoryScript]
     cluster: ClusterSpec
@@ -152,6 +154,7 @@ class ReplicaRun:
     history: Sequence[FinishedTrajectory]
     shape: PoolShape
     cap: int | None
+    pool_engines: int | None = None
 
 
 # How much sooner a replica must say a plan finishes before it is trusted (the
@@ -308,8 +311,11 @@ class ReplicaShapePlanner(ABC):
     ) -> float:
         tool_means_s = {_TOOL: _mean_latency(replica.scripts)}
         cluster = self._cluster(replica.gpus)
+        pool_engines = shape.num_instances * replica.scale
         return self._makespan(
-            ReplicaRun(replica.scripts, cluster, policy, tool_means_s, history, shape, cap)
+            ReplicaRun(
+                replica.scripts, cluster, policy, tool_means_s, history, shape, cap, pool_engines
+            )
         )
 
     def _score(self, replica: _Replica, shape: PoolShape) -> tuple[float, int | None]:

@@ -782,6 +782,11 @@ class SimulatedShapePlanner(ReplicaShapePlanner):
         )
 
     def _makespan(self, run: ReplicaRun) -> float:
+        speculation = self.speculation
+        if speculation is not None and run.pool_engines:
+            # Credited the history the pool's engines hold, as the co-location verdict's
+            # replica is (judge_colocation), not the replica's larger share.
+            speculation = replace(speculation, pool_engines=run.pool_engines)
         sim = Simulator(
             run.scripts,
             run.cluster,
@@ -793,7 +798,7 @@ class SimulatedShapePlanner(ReplicaShapePlanner):
             config=SimConfig(
                 max_trajectories_per_engine=run.cap,
                 planner_cost=None,
-                speculation=self.speculation,
+                speculation=speculation,
             ),
         )
         result = sim.run()

@@ -403,3 +403,17 @@ def test_the_shape_planner_scores_its_candidates_with_the_runs_speculation() -> 
         ),
     ).run()  # fmt: skip
     assert scored == direct.makespan_s < plain
+
+
+def test_a_replica_is_credited_the_pools_share_of_history() -> None:
+    # A task's earlier samples were spread over the whole pool's engines: a replica of a
+    # quarter of it holds the pool's share (group size / pool engines) uninserted, not
+    # four times as much, as the co-location verdict's replica is credited.
+    scripts = groups_of([1200, 300] * 4, size=8)
+    spec = heddle_speculation(SUFFIX, DEFAULT, **NO_SEEDING)
+    config = ShapeConfig(gpu_budget=16, gpus_per_node=4, tensor_parallel_sizes=(1,))
+    planner = SimulatedShapePlanner(CLUSTER.perf_model(), config, speculation=spec)
+    replica = ReplicaRun(scripts, CLUSTER, "verl", {"tool": 0.2}, (), PoolShape.of({1: 4}), 8)
+    own = planner._makespan(replica)  # the replica's 4 engines: 2 earlier samples each
+    pooled = planner._makespan(replace(replica, pool_engines=16))  # the pool's: 0.5
+    assert pooled > own
