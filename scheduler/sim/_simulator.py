@@ -88,8 +88,8 @@ class PlannerCost:
     # mini-simulations before the first step is routed: this much CPU per event they
     # handle (``time.process_time()`` over events, Heddle's runs on four workloads at
     # 2,048 and 8,192 trajectories: plain decode 22-28 us, median 24.5; speculating,
-    # where each step also groups its batch by what it drafts from, 64-102 us, median
-    # 79; docs/simulator.md).
+    # where each step also groups its batch by what it drafts from, 68-106 us, median
+    # 80; docs/simulator.md).
     simulated_event_s: float = 2.5e-5
     speculating_event_s: float = 8e-5
 

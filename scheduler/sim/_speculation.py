@@ -20,7 +20,7 @@ finish is averaged).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -277,11 +277,9 @@ class EngineSpeculator:
     def _siblings_here(self, engine: SimEngine, group: str, now: float) -> int:
         """Siblings whose text ``engine``'s tree holds: served there, or pushed and arrived."""
         name = engine.name
-        here = self.served[name].get(group, _NONE)
-        pushed = self.pushed[name].get(group)
-        # Most groups have nothing pushed to most engines: the sum only where there is.
-        arrived = sum(1 for t, at in pushed.items() if at <= now and t not in here) if pushed else 0
-        return max(0, len(here) + arrived - 1)
+        return _siblings_held(
+            self.served[name].get(group, _NONE), self.pushed[name].get(group), now
+        )
 
     def _charge(self, engine_name: str, tokens: float) -> None:
         engine = self._engines.get(engine_name)
@@ -320,13 +318,11 @@ class EngineSpeculator:
         seeded = self.seeded_history[name]
         pushed = self.pushed[name]
         # What a member drafts from is the same for its whole group on this engine:
-        # (siblings, history), as _siblings_here and _unseeded say, inlined.
+        # (siblings, history), as _siblings_here and _unseeded say.
         drafting: dict[str, tuple[int, float]] = {}
         unseeded, seed_history = self._unseeded_table(), float(self.spec.seed_history)
         for group in order:
-            here = served[group]  # holds this step's members: at least one
-            sent = pushed.get(group)
-            arrived = sum(1 for t, at in sent.items() if at <= now and t not in here) if sent else 0
+            siblings = _siblings_held(served[group], pushed.get(group), now)
             # The previous iteration's samples of the task: stock vLLM holds those its
             # routing happened to send here (group size / engines on average, kept
             # whole or not); inserted, all the session seeded.
@@ -335,7 +331,7 @@ class EngineSpeculator:
                 history = self._unseeded(group)
             if group in seeded and seed_history > history:
                 history = seed_history
-            drafting[group] = (len(here) + arrived - 1, history)
+            drafting[group] = (siblings, history)
         kinds: Counter[tuple[int, float, float]] = Counter()
         for sim in engine.running.values():
             traj = sim.traj
@@ -407,6 +403,14 @@ class EngineSpeculator:
         self.k_steps[k] += 1
         self._last_k[engine.name] = k
         return (k, tau(k)) if k else (0, 1.0)
+
+
+def _siblings_held(served: Collection[str], pushed: Mapping[str, float] | None, now: float) -> int:
+    """Siblings whose text an engine's tree holds: those it ``served`` and those
+    ``pushed`` to it (sibling -> when the text arrives) that have arrived by ``now``."""
+    # Most groups have nothing pushed to most engines: the sum only where there is.
+    arrived = sum(1 for t, at in pushed.items() if at <= now and t not in served) if pushed else 0
+    return max(0, len(served) + arrived - 1)
 
 
 def _k_at(table: Sequence[tuple[int, int]], batch: int) -> int:
