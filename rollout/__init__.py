@@ -11,6 +11,7 @@ planning path from (job, pool, tasks) to a running session: ``prepare_job`` and
 from ._answers import expected_answer, extract_answer, same_answer
 from ._colocation import ColocationVerdict, live_colocation
 from ._contract import FAILED_ROWS, is_placeholder, order_rows, placeholder_record
+from ._decisions import ProcessRunner, usable_cpus
 from ._drafts_feed import (
     DraftCorpus,
     DraftsFeed,
@@ -124,6 +125,7 @@ from ._run import (
     ProgressPrinter,
     build_environment,
     build_session,
+    decide_run,
     drafts_feed_for,
     gateway_file,
     job_workload,
@@ -203,6 +205,7 @@ __all__ = [
     "OutputSink",
     "ParsedCalls",
     "PoolPlan",
+    "ProcessRunner",
     "Progress",
     "ProgressPrinter",
     "RecordPlacement",
@@ -242,6 +245,7 @@ __all__ = [
     "convert_records",
     "create_gateway_app",
     "create_trainer_app",
+    "decide_run",
     "die_with_parent",
     "drafts_feed_for",
     "encode_record",
@@ -288,6 +292,7 @@ __all__ = [
     "synthetic_tasks",
     "trace_path",
     "trainer_file",
+    "usable_cpus",
     "worker_options",
     "write_export",
 ]

@@ -29,6 +29,7 @@ from heddle.scheduler import (
 )
 from heddle.scheduler.sim import (
     GroupStickyPlacement,
+    MiniRunner,
     SimConfig,
     SimSpeculation,
     heddle_speculation,
@@ -91,11 +92,13 @@ def live_colocation(
     max_trajectories_in_flight: int | None,
     perf: PerfModel,
     speculation: Speculation | None = None,
+    runner: MiniRunner | None = None,
 ) -> ColocationVerdict | None:
     """The decision for this run on ``shape`` under ``routing`` (the job's policy or the
     shape planner's fallback) at its in-flight cap (``PoolPlan``, rollout/_run.py), or
     None where it is not asked: speculation off, one sample per task (no groups), or a
-    step-level baseline's policy (verl, slime: their own routing, as in the simulator)."""
+    step-level baseline's policy (verl, slime: their own routing, as in the simulator);
+    ``runner`` runs its simulations (default: inline)."""
     spec = sim_speculation_for(speculation or local.pool.speculation)
     if spec is None or local.job.samples_per_task <= 1:
         return None
@@ -121,6 +124,7 @@ def live_colocation(
         config=SimConfig(max_trajectories_per_engine=per_engine, speculation=spec),
         tool_means_s=sketch.tool_means_s,
         predictor=predictor,
+        runner=runner,
     )
     verdict = ColocationVerdict(placement is not None, decision.reason, decision.seed)
     log.info("%s: co-location of GRPO groups %s", local.job.name, decision.reason)

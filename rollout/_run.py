@@ -34,7 +34,7 @@ from heddle.scheduler import (
     get_policy,
     load_profile,
 )
-from heddle.scheduler.sim import SimulatedShapePlanner
+from heddle.scheduler.sim import MiniRunner, SimulatedShapePlanner
 from heddle.worker import Speculation, WorkerEndpoint
 
 from ._colocation import (
@@ -43,6 +43,7 @@ from ._colocation import (
     live_colocation,
     sim_speculation_for,
 )
+from ._decisions import ProcessRunner
 from ._drafts_feed import DRAFTING_METHODS, DraftsFeed, pool_corpus
 from ._environments import Environment, SyntheticEnvironment, synthetic_tasks
 from ._external import ExternalEnvironment
@@ -69,6 +70,7 @@ __all__ = [
     "PoolPlan",
     "ProgressPrinter",
     "build_session",
+    "decide_run",
     "gateway_file",
     "job_workload",
     "perf_model_for",
@@ -246,7 +248,12 @@ class PoolPlan:
     max_trajectories_in_flight: int | None = None
 
 
-def plan_pool(local: LocalJob, perf: PerfModel, speculation: Speculation | None = None) -> PoolPlan:
+def plan_pool(
+    local: LocalJob,
+    perf: PerfModel,
+    speculation: Speculation | None = None,
+    runner: MiniRunner | None = None,
+) -> PoolPlan:
     """A pinned shape as given; otherwise planned from the predictor's prior (no history).
 
     The same planner as the simulator's (:class:`SimulatedShapePlanner`): each
@@ -254,7 +261,9 @@ def plan_pool(local: LocalJob, perf: PerfModel, speculation: Speculation | None 
     trajectories (their lengths and turns from the predictor's prior; tool
     latency and reply length from the synthetic workload when there is one),
     so the KV cache, recompute, the batch cap and tool time count, with the
-    pool's speculation (``speculation`` overrides it, as in :func:`live_colocation`).
+    pool's speculation (``speculation`` overrides it, as in :func:`live_colocation`);
+    ``runner`` runs its simulations (default: inline; :class:`ProcessRunner`: on
+    worker processes).
     """
     pool = local.pool
     if pool.shape is not None:
@@ -276,7 +285,8 @@ def plan_pool(local: LocalJob, perf: PerfModel, speculation: Speculation | None 
     # No running shape to weigh a reshape against: the pool takes the plan (the
     # operator reshapes to it), and its fallback and cap were scored on that shape.
     spec = sim_speculation_for(speculation or pool.speculation)
-    plan = SimulatedShapePlanner(perf, config, speculation=spec).plan_history(
+    planner = SimulatedShapePlanner(perf, config, speculation=spec, runner=runner)
+    plan = planner.plan_history(
         sketch.records,
         None,
         tool_means_s=sketch.tool_means_s,
@@ -289,6 +299,23 @@ def plan_pool(local: LocalJob, perf: PerfModel, speculation: Speculation | None 
     return PoolPlan(
         plan.shape, plan.fallback_policy, cap * plan.shape.num_instances if cap else None
     )
+
+
+def decide_run(
+    local: LocalJob, perf: PerfModel, speculation: Speculation | None = None
+) -> tuple[PoolPlan, ColocationVerdict | None, float]:
+    """The run's shape and routing (:func:`plan_pool`), whether it keeps GRPO groups whole
+    (:func:`live_colocation`), and the seconds deciding took: each decision's
+    simulations side by side on worker processes (:class:`ProcessRunner`). Blocking;
+    the session pod calls it off its loop."""
+    started = time.perf_counter()
+    with ProcessRunner() as runner:
+        plan = plan_pool(local, perf, speculation, runner)
+        colocation = live_colocation(
+            local, plan.shape, plan.policy, plan.max_trajectories_in_flight, perf,
+            speculation, runner,
+        )  # fmt: skip
+    return plan, colocation, time.perf_counter() - started
 
 
 def build_environment(local: LocalJob) -> Environment:
@@ -424,13 +451,8 @@ async def run_local(
     ``OUTPUT.trainer.json`` say where.
     """
     perf = perf_model_for(local.pool, options)
-    started = time.perf_counter()
-    plan = plan_pool(local, perf, options.speculation)
+    plan, colocation, decisions_s = decide_run(local, perf, options.speculation)
     shape = plan.shape
-    colocation = live_colocation(
-        local, shape, plan.policy, plan.max_trajectories_in_flight, perf, options.speculation
-    )
-    decisions_s = time.perf_counter() - started
     log.info("%s: shape %s and co-location decided in %.1f s", local.job.name, shape, decisions_s)
     # Locked and checked before any worker starts: a second run on this output stops here.
     sink = OutputSink(local.output)

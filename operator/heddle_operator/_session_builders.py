@@ -43,6 +43,7 @@ from heddle.rollout import (
     HostAllowList,
     SessionConfig,
 )
+from heddle.scheduler.sim import DECISION_WORKERS
 
 from ._tokens import TOKEN_KEY, token_env
 
@@ -75,10 +76,12 @@ TMP_VOLUME = "heddle-tmp"  # /tmp on a read-only root
 GATEWAY_PORT = 8080  # an external job's gateway, in its session pod
 SESSION_METRICS_PORT = 9090  # each session pod's Prometheus port (`--session-metrics-port`)
 TRAINER_PORT = 8081  # a job's trainer API (spec.asynchrony.trainerApi), in its session pod
-# A job without spec.session.resources: about the operator's old share for one job
-# (~1 ms of CPU per step, ~50 KiB per running trajectory; docs/benchmarks.md).
+# A job without spec.session.resources: a CPU for each process its start-up decisions
+# simulate on (DECISION_WORKERS; the loop itself takes ~1 ms of CPU per step), and
+# memory for the session (~50 KiB per running trajectory; docs/benchmarks.md) and
+# those processes (~100 MB each at 2,048 trajectories a simulation).
 DEFAULT_RESOURCES: dict[str, Any] = {
-    "requests": {"cpu": "500m", "memory": "512Mi"},
+    "requests": {"cpu": str(DECISION_WORKERS), "memory": "1Gi"},
     "limits": {"memory": "4Gi"},
 }
 

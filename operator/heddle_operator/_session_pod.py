@@ -44,10 +44,9 @@ from heddle.rollout import (
     build_environment,
     build_session,
     check_tool_hosts,
+    decide_run,
     job_workload,
-    live_colocation,
     perf_model_for,
-    plan_pool,
     read_tasks,
     resolve_job,
 )
@@ -209,17 +208,10 @@ async def _run(
         job, pool, await _tasks(kube, job), config.base_dir, tool_hosts=HostAllowList.from_env()
     )
     perf = perf_model_for(pool)
-    started = time.perf_counter()
-    # Both run mini-simulations (seconds to a minute): off the loop, which keeps writing
-    # the job's status meanwhile.
-    plan = await asyncio.to_thread(plan_pool, local, perf)
-    colocation = await asyncio.to_thread(
-        live_colocation, local, plan.shape, plan.policy, plan.max_trajectories_in_flight, perf
-    )
-    log.info(
-        "%s: shape %s and co-location decided in %.1f s",
-        job.name, plan.shape, time.perf_counter() - started,
-    )  # fmt: skip
+    # Mini-simulations (seconds to a minute, on worker processes): off the loop, which
+    # keeps writing the job's status meanwhile.
+    plan, colocation, decided_s = await asyncio.to_thread(decide_run, local, perf)
+    log.info("%s: shape %s and co-location decided in %.1f s", job.name, plan.shape, decided_s)
     planned: dict[str, Any] = {}
     if pool.shape is None:  # the operator reshapes the pool to it (docs/operator.md)
         planned.update(SessionPublished(planned_shape=plan.shape).fields())

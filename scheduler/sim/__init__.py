@@ -18,14 +18,25 @@ from ._iterations import (
     iteration_policy,
     stream_of,
 )
+from ._minis import (
+    DECISION_WORKERS,
+    MIN_PARALLEL_TRAJECTORIES,
+    Wave,
+    wave_events,
+    wave_workers,
+)
 from ._plan import planner_cluster, workload_sketch
 from ._results import SimResult
 from ._simulator import (
+    InlineRunner,
+    MiniRun,
+    MiniRunner,
     PlannerCost,
     SimConfig,
     SimulatedShapePlanner,
     Simulator,
     judge_colocation,
+    run_mini,
 )
 from ._speculation import (
     EngineSpeculator,
@@ -35,13 +46,18 @@ from ._speculation import (
 )
 
 __all__ = [
+    "DECISION_WORKERS",
     "ITERATION_POLICIES",
+    "MIN_PARALLEL_TRAJECTORIES",
     "EngineSpeculator",
     "GroupStickyPlacement",
+    "InlineRunner",
     "IterationPolicy",
     "IterationResult",
     "IterationSimulator",
     "LowerBound",
+    "MiniRun",
+    "MiniRunner",
     "PlannerCost",
     "SimConfig",
     "SimEngine",
@@ -51,11 +67,15 @@ __all__ = [
     "SimulatedShapePlanner",
     "Simulator",
     "TrainerModel",
+    "Wave",
     "heddle_speculation",
     "iteration_policy",
     "judge_colocation",
     "lower_bound",
     "planner_cluster",
+    "run_mini",
     "stream_of",
+    "wave_events",
+    "wave_workers",
     "workload_sketch",
 ]

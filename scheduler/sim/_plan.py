@@ -301,27 +301,28 @@ class ReplicaShapePlanner(ABC):
         scores shapes against each other at a fraction of the pool's size, where they
         would cost a fraction)."""
 
-    def _simulate(
+    def _makespans(self, runs: Sequence[ReplicaRun]) -> list[float]:
+        """The makespans of one wave of independent runs, in order (a subclass may run
+        them side by side: the simulator's runs them on a :class:`MiniRunner`)."""
+        return [self._makespan(run) for run in runs]
+
+    def _simulate_all(
         self,
         replica: _Replica,
-        shape: PoolShape,
-        policy: str,
-        cap: int | None,
-        history: Sequence[FinishedTrajectory] = (),
-    ) -> float:
+        runs: Sequence[tuple[PoolShape, str, int | None, Sequence[FinishedTrajectory]]],
+    ) -> list[float]:
+        """``(shape, policy, cap, history)`` runs of ``replica``, as one wave."""
         tool_means_s = {_TOOL: _mean_latency(replica.scripts)}
         cluster = self._cluster(replica.gpus)
-        pool_engines = shape.num_instances * replica.scale
-        return self._makespan(
-            ReplicaRun(
-                replica.scripts, cluster, policy, tool_means_s, history, shape, cap, pool_engines
-            )
-        )
-
-    def _score(self, replica: _Replica, shape: PoolShape) -> tuple[float, int | None]:
-        """The proxy's best makespan on ``shape`` over the caps, and that cap."""
-        results = [(self._simulate(replica, shape, self.proxy.name, cap), cap) for cap in self.caps]
-        return min(results, key=lambda r: (r[0], r[1] is not None))
+        return self._makespans(
+            [
+                ReplicaRun(
+                    replica.scripts, cluster, policy, tool_means_s, history, shape, cap,
+                    shape.num_instances * replica.scale,
+                )
+                for shape, policy, cap, history in runs
+            ]
+        )  # fmt: skip
 
     def _wins_on_draw(
         self,
@@ -335,8 +336,9 @@ class ReplicaShapePlanner(ABC):
         """Whether ``policy`` beats the static configuration by ``margin`` on resample
         ``draw`` of the replica's groups (both makespans go to ``scores``)."""
         other = _Replica(replica.scale, replica.gpus, resample_groups(replica.scripts, draw))
-        own = self._simulate(other, shape, policy, None, history)
-        fixed = self._simulate(other, shape, *static)
+        own, fixed = self._simulate_all(
+            other, [(shape, policy, None, history), (shape, static[0], static[1], ())]
+        )
         self.scores[f"{policy} {shape} draw {draw}"] = own
         self.scores[f"static {static[0]} cap{static[1]} {shape} draw {draw}"] = fixed
         return own <= fixed * (1.0 - self.margin)
@@ -375,23 +377,26 @@ class ReplicaShapePlanner(ABC):
             shapes.append(current_small)
         self.scores = {}
         caps: dict[str, int | None] = {}
+        # Wave 1: the proxy on every candidate shape at every cap.
+        found = iter(
+            self._simulate_all(
+                replica, [(sh, self.proxy.name, cap, ()) for sh in shapes for cap in self.caps]
+            )
+        )
         for shape in shapes:
-            self.scores[str(shape)], caps[str(shape)] = self._score(replica, shape)
+            results = [(next(found), cap) for cap in self.caps]
+            self.scores[str(shape)], caps[str(shape)] = min(
+                results, key=lambda r: (r[0], r[1] is not None)
+            )
         best = min(shapes, key=lambda sh: (self.scores[str(sh)], -max(sh.tps())))
         best_cost = self.scores[str(best)]
         fallback: str | None = None
         cap: int | None = None
         if policy is not None and policy != self.proxy.name:
-            # The step-centric configurations it must beat: the proxy at its best cap, and
-            # each other fallback policy at every cap, on the chosen shape.
-            options = [(best_cost, self.proxy.name, caps[str(best)])]
-            for name in self.fallbacks:
-                if name != self.proxy.name:
-                    for c in self.caps:
-                        options.append((self._simulate(replica, best, name, c), name, c))
-            static_cost, static_policy, static_cap = min(
-                options, key=lambda o: (o[0], o[1] != self.proxy.name, o[2] is not None)
-            )
+            # Wave 2, on the chosen shape: the step-centric configurations it must beat
+            # (the proxy at its best cap, and each other fallback policy at every cap) and
+            # the policy's own variants.
+            fixed = [(n, c) for n in self.fallbacks if n != self.proxy.name for c in self.caps]
             used = {s.id for s in replica.scripts}
             others = [s for s in sketch if s.id not in used] or list(sketch)
             # The others (or, for a replica of the whole pool, the sketch) seed the
@@ -404,9 +409,16 @@ class ReplicaShapePlanner(ABC):
             variants = [policy] if replica.scale == 1 else []
             if policy in self.per_engine_variants:
                 variants.append(self.per_engine_variants[policy])
+            runs = [(best, n, c, ()) for n, c in fixed] + [(best, v, None, seed) for v in variants]
+            found = iter(self._simulate_all(replica, runs))
+            options = [(best_cost, self.proxy.name, caps[str(best)])]
+            options += [(next(found), n, c) for n, c in fixed]
+            static_cost, static_policy, static_cap = min(
+                options, key=lambda o: (o[0], o[1] != self.proxy.name, o[2] is not None)
+            )
             own_cost, own_policy = math.inf, policy
             for variant in variants:
-                cost = self._simulate(replica, best, variant, None, seed)
+                cost = next(found)
                 self.scores[f"{variant} {best}"] = cost
                 if cost < own_cost:
                     own_cost, own_policy = cost, variant

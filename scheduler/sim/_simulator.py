@@ -7,7 +7,7 @@ import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from heddle.exceptions import ConfigError, HeddleError
 
@@ -30,6 +30,7 @@ from .._shape import ShapeConfig
 from .._types import FinishedTrajectory, PoolShape, Trajectory, TrajectoryState
 from .._workload import TrajectoryScript
 from ._entities import SimEngine, SimTrajectory
+from ._minis import DECISION_WORKERS, Wave, wave_events, wave_workers
 from ._plan import (
     ReplicaRun,
     ReplicaShapePlanner,
@@ -51,11 +52,15 @@ from ._speculation import (
 from ._view import LiveClusterView
 
 __all__ = [
+    "InlineRunner",
+    "MiniRun",
+    "MiniRunner",
     "PlannerCost",
     "SimConfig",
     "SimulatedShapePlanner",
     "Simulator",
     "judge_colocation",
+    "run_mini",
 ]
 
 _WAKE, _TOOL, _MIGRATED, _REPLAN, _ARRIVE, _PLANNED, _READY, _MERGED = range(8)
@@ -92,11 +97,19 @@ class PlannerCost:
     # 80; docs/simulator.md).
     simulated_event_s: float = 2.5e-5
     speculating_event_s: float = 8e-5
+    # Each decision's simulations run side by side on this many processes (the live
+    # session's, DECISION_WORKERS; sim/_minis.py): a wave takes its longest worker's
+    # events, and starting the workers, once, ``worker_start_s`` (measured with
+    # rollout's ProcessRunner, docs/simulator.md).
+    decision_workers: int = DECISION_WORKERS
+    worker_start_s: float = 0.5
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
             if not (value >= 0 and math.isfinite(value)):
                 raise ConfigError(f"PlannerCost.{name}={value} must be a finite number >= 0")
+        if self.decision_workers < 1:
+            raise ConfigError(f"PlannerCost.decision_workers={self.decision_workers} must be >= 1")
 
     def placement_s(self, trajectories: int, engines: int) -> float:
         return (
@@ -108,9 +121,11 @@ class PlannerCost:
     def migration_s(self, trajectories: int) -> float:
         return self.migration_per_trajectory_s * trajectories
 
-    def decisions_s(self, simulated_events: int, *, speculating: bool = False) -> float:
+    def decisions_s(self, waves: Sequence[Wave], *, speculating: bool = False) -> float:
+        """The time the decisions' ``waves`` take, one after another."""
         rate = self.speculating_event_s if speculating else self.simulated_event_s
-        return rate * simulated_events
+        started = any(w.workers > 1 for w in waves)
+        return rate * sum(wave_events(w) for w in waves) + (self.worker_start_s if started else 0.0)
 
 
 @dataclass(frozen=True)
@@ -201,8 +216,8 @@ class Simulator:
             raise ConfigError(
                 f"shape {shape} uses {shape.gpus} GPUs; the cluster has {cluster.gpus}"
             )
-        # Events the start-up decisions' mini-simulations handled (charged in run()).
-        self.decision_events = 0
+        # The start-up decisions' mini-simulations, wave by wave (charged in run()).
+        self.decision_waves: list[Wave] = []
         self.decisions_s = 0.0  # simulated seconds they were charged
         # The planner's verdict: a step-centric policy to run instead (see _initial_shape).
         self.fallback_policy: str | None = None
@@ -294,16 +309,28 @@ class Simulator:
             tensor_parallel_sizes=self.cluster.tensor_parallel_sizes,
             reshape_s=self.config.initial_reshape_s,
         )
-        planner = SimulatedShapePlanner(self.perf, config, speculation=self.config.speculation)
+        planner = SimulatedShapePlanner(
+            self.perf, config, speculation=self.config.speculation, runner=self._runner()
+        )
         plan = planner.plan_history(
             records, baseline, tool_means_s=self.tool_means_s, policy=self.policy.name
         )
-        self.decision_events += planner.simulated_events
+        self.decision_waves += planner.waves
         if plan.fallback_policy is not None and self.config.max_trajectories_per_engine is None:
             self.config = replace(
                 self.config, max_trajectories_per_engine=plan.max_trajectories_per_engine
             )
         return plan.shape, plan.fallback_policy
+
+    def _runner(self) -> InlineRunner:
+        """The decisions' simulations run here, recorded as the live session runs them."""
+        cost = self.config.planner_cost
+        return InlineRunner(cost.decision_workers if cost is not None else 1)
+
+    @property
+    def decision_events(self) -> int:
+        """Events the start-up decisions' mini-simulations handled (their CPU)."""
+        return sum(sum(w.events) for w in self.decision_waves)
 
     def _decide_colocation(
         self, history: Sequence[FinishedTrajectory]
@@ -327,9 +354,10 @@ class Simulator:
             config=self.config,
             tool_means_s=self.tool_means_s,
             predictor=self.policy.predictor,
+            runner=self._runner(),
         )
         kept = placement if placement is not None else self.placement
-        self.decision_events += verdict.simulated_events
+        self.decision_waves += verdict.waves
         return kept, verdict.reason, verdict.seed
 
     def _check_fits(self, inst: EngineInstance) -> None:
@@ -563,12 +591,12 @@ class Simulator:
         """Simulate until every trajectory finishes; ``progress(done, total)`` as they do."""
         start = self.config.initial_reshape_s if self.reshaped else 0.0
         cost = self.config.planner_cost
-        if cost is not None and self.decision_events:
+        if cost is not None and self.decision_waves:
             # The session routes nothing until its shape and co-location are decided.
             # Its mini-simulations speculate as the run does (the planner's, the verdict's).
             spec = self.config.speculation
             speculating = spec is not None and spec.config.enabled
-            self.decisions_s = cost.decisions_s(self.decision_events, speculating=speculating)
+            self.decisions_s = cost.decisions_s(self.decision_waves, speculating=speculating)
             self.planner_s += self.decisions_s
             start += self.decisions_s
         sims = list(self.sims.values())
@@ -674,6 +702,63 @@ class Simulator:
         return [s.finish_s if s.finish_s is not None else math.nan for s in self.sims.values()]
 
 
+# -- the start-up decisions' simulations (sim/_minis.py) --------------------------
+@dataclass(frozen=True)
+class MiniRun:
+    """One simulation of a decision: ``scripts`` on ``shape`` under ``policy``, with
+    ``config`` (never charged for planning itself); ``keep_groups``: whole GRPO groups
+    on one engine (the co-location candidate). Picklable: it crosses to a worker."""
+
+    scripts: Sequence[TrajectoryScript]
+    cluster: ClusterSpec
+    policy: SchedulingPolicy
+    tool_means_s: Mapping[str, float]
+    history: Sequence[FinishedTrajectory]
+    shape: PoolShape | None
+    perf: PerfModel
+    config: SimConfig
+    keep_groups: bool = False
+
+
+def run_mini(run: MiniRun) -> tuple[float, int]:
+    """``run``'s makespan and the events it handled (top level: a worker calls it)."""
+    sim = Simulator(
+        run.scripts,
+        run.cluster,
+        run.policy,
+        tool_means_s=run.tool_means_s,
+        history=run.history,
+        shape=run.shape,
+        perf=run.perf,
+        config=run.config,
+    )
+    if run.keep_groups:
+        sim.placement = GroupStickyPlacement()
+    result = sim.run()
+    return result.makespan_s, result.events
+
+
+class MiniRunner(Protocol):
+    """Runs a wave; its results in the order of ``runs``, the same on any runner."""
+
+    def run_wave(self, runs: Sequence[MiniRun]) -> tuple[list[float], Wave]: ...
+
+
+class InlineRunner:
+    """Each run in this process, one after another; the wave is recorded as running on
+    ``workers`` processes (what the live session would use), which is what the
+    simulator charges."""
+
+    def __init__(self, workers: int = 1) -> None:
+        self.workers = workers
+
+    def run_wave(self, runs: Sequence[MiniRun]) -> tuple[list[float], Wave]:
+        results = [run_mini(r) for r in runs]
+        sizes = [len(r.scripts) for r in runs]
+        wave = Wave(tuple(e for _, e in results), wave_workers(sizes, self.workers))
+        return [m for m, _ in results], wave
+
+
 def judge_colocation(
     trajectories: Sequence[Trajectory],
     records: Sequence[FinishedTrajectory],
@@ -685,6 +770,7 @@ def judge_colocation(
     config: SimConfig,
     tool_means_s: Mapping[str, float],
     predictor: str | None = None,
+    runner: MiniRunner | None = None,
 ) -> tuple[GroupStickyPlacement | None, ColocationDecision]:
     """Heddle's co-location decision (:func:`decide_colocation`) for a run: the simulator's
     Heddle runs and the live session (rollout/_colocation.py) both ask it here.
@@ -694,9 +780,10 @@ def judge_colocation(
     lengths); ``policy`` the routing in effect (the planner's fallback, if it took one)
     and ``config`` the run's (its in-flight cap and ``speculation``); ``predictor`` the
     run's length predictor (a routing without one still predicts with it: the seeding
-    gate reads it). A group-keeping placement (None: groups are not kept whole) and the
-    verdict: why, and whether the run still seeds texts (``seed``; False where the
-    co-located sketch ran no slower without).
+    gate reads it); ``runner`` runs its simulations (default: inline). A group-keeping
+    placement (None: groups are not kept whole) and the verdict: why, whether the run
+    still seeds texts (``seed``; False where the co-located sketch ran no slower
+    without), and the waves its simulations ran in.
     """
     spec = config.speculation
     if spec is None or not spec.config.enabled:
@@ -718,34 +805,30 @@ def judge_colocation(
         # seeding gate reads: without it the sketch's runs would never seed a text.
         routing = replace(routing, predictor=predictor)
 
-    events = [0]
+    waves: list[Wave] = []
 
-    def simulate(colocate: bool, seed: bool) -> float:
+    def simulate(asked: Sequence[tuple[bool, bool]]) -> list[float]:
         # The sketch under the routing in effect, with this run's speculation (its
-        # seeding, or none); never the run's own scripts (their lengths are not known
-        # to the session).
+        # seeding, or none), groups kept whole or not: one wave. Never the run's own
+        # scripts (their lengths are not known to the session).
         # A replica holds the pool's share of a task's earlier samples, not a 1/scale
         # pool's: the previous iteration spread them over all its engines.
-        run_spec = replace(
-            spec if seed else spec.unseeded(),
-            colocate_groups=False,
-            pool_engines=spec.pool_engines or shape.num_instances,
-        )
-        sim = Simulator(
-            scripts,
-            sim_cluster,
-            routing,
-            tool_means_s={"tool": mean_s},
-            history=records,  # what the run's predictor knows: the sketch's source
-            shape=sim_shape,
-            perf=perf,
-            config=replace(config, planner_cost=None, speculation=run_spec),
-        )
-        if colocate:
-            sim.placement = GroupStickyPlacement()
-        result = sim.run()
-        events[0] += result.events
-        return result.makespan_s
+        def mini(colocate: bool, seed: bool) -> MiniRun:
+            run_spec = replace(
+                spec if seed else spec.unseeded(),
+                colocate_groups=False,
+                pool_engines=spec.pool_engines or shape.num_instances,
+            )
+            run_config = replace(config, planner_cost=None, speculation=run_spec)
+            # what the run's predictor knows: the sketch's source (history)
+            return MiniRun(
+                scripts, sim_cluster, routing, {"tool": mean_s}, records, sim_shape, perf,
+                run_config, keep_groups=colocate,
+            )  # fmt: skip
+
+        makespans, wave = (runner or InlineRunner()).run_wave([mini(*a) for a in asked])
+        waves.append(wave)
+        return makespans
 
     placement, verdict = colocation_placement(
         trajectories,
@@ -756,7 +839,7 @@ def judge_colocation(
         replica=scale,
         simulate=simulate if sim_shape is not None else None,
     )
-    return placement, replace(verdict, simulated_events=events[0])
+    return placement, replace(verdict, waves=tuple(waves))
 
 
 class SimulatedShapePlanner(ReplicaShapePlanner):
@@ -765,6 +848,7 @@ class SimulatedShapePlanner(ReplicaShapePlanner):
     ``speculation``: the run's (None: plain decode). Every candidate is scored with it,
     as the run will speculate whichever it picks: a cap that wins on plain decode can
     lose with drafts (groups are kept whole only by the co-location decision, later).
+    ``runner`` runs each wave of candidates (default: inline); ``waves`` records them.
     """
 
     def __init__(
@@ -773,34 +857,36 @@ class SimulatedShapePlanner(ReplicaShapePlanner):
         config: ShapeConfig,
         *,
         speculation: SimSpeculation | None = None,
+        runner: MiniRunner | None = None,
         **options: Any,
     ) -> None:
         super().__init__(perf, config, **options)
         self.simulated_events = 0  # events its mini-simulations handled (their CPU cost)
+        self.waves: list[Wave] = []  # as they ran (their time: PlannerCost.decisions_s)
+        self.runner: MiniRunner = runner or InlineRunner()
         self.speculation = (
             None if speculation is None else replace(speculation, colocate_groups=False)
         )
 
     def _makespan(self, run: ReplicaRun) -> float:
+        return self._makespans([run])[0]
+
+    def _makespans(self, runs: Sequence[ReplicaRun]) -> list[float]:
+        makespans, wave = self.runner.run_wave([self._mini(run) for run in runs])
+        self.waves.append(wave)
+        self.simulated_events += sum(wave.events)
+        return makespans
+
+    def _mini(self, run: ReplicaRun) -> MiniRun:
         speculation = self.speculation
         if speculation is not None and run.pool_engines:
             # Credited the history the pool's engines hold, as the co-location verdict's
             # replica is (judge_colocation), not the replica's larger share.
             speculation = replace(speculation, pool_engines=run.pool_engines)
-        sim = Simulator(
-            run.scripts,
-            run.cluster,
-            get_policy(run.policy),
-            tool_means_s=run.tool_means_s,
-            history=run.history,
-            shape=run.shape,
-            perf=self.perf,
-            config=SimConfig(
-                max_trajectories_per_engine=run.cap,
-                planner_cost=None,
-                speculation=speculation,
-            ),
+        config = SimConfig(
+            max_trajectories_per_engine=run.cap, planner_cost=None, speculation=speculation
         )
-        result = sim.run()
-        self.simulated_events += result.events
-        return result.makespan_s
+        return MiniRun(
+            run.scripts, run.cluster, get_policy(run.policy), run.tool_means_s, run.history,
+            run.shape, self.perf, config,
+        )  # fmt: skip

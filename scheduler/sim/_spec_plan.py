@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from .._speculation import plan_group_colocation
+from ._minis import Wave
 
 __all__ = [
     "COLOCATION_MARGIN",
@@ -77,8 +78,13 @@ class ColocationDecision:
     # Co-located, whether the run still seeds texts (False: the co-located sketch ran
     # no slower without); True where groups are not kept whole (seeding as configured).
     seed: bool = True
-    # Events its simulations handled: what deciding cost, charged before the run starts.
-    simulated_events: int = 0
+    # Its simulations as they ran: what deciding cost, charged before the run starts.
+    waves: tuple[Wave, ...] = ()
+
+    @property
+    def simulated_events(self) -> int:
+        """Events its simulations handled (their CPU)."""
+        return sum(sum(w.events) for w in self.waves)
 
 
 def decide_colocation(
@@ -89,7 +95,7 @@ def decide_colocation(
     tokens_per_step_scattered: float,
     *,
     siblings_seeded: bool,
-    simulate: Callable[[bool, bool], float] | None,
+    simulate: Callable[[Sequence[tuple[bool, bool]]], list[float]] | None,
     replica: int = 1,
     seeds: bool | None = None,
     margin: float = COLOCATION_MARGIN,
@@ -99,9 +105,10 @@ def decide_colocation(
     ``groups``: predicted remaining tokens per trajectory, by group;
     ``tokens_per_step_*``: the acceptance a request gets with its whole group in its
     engine's tree and with the share the pool's routing leaves it;
-    ``simulate(colocate, seed)`` the simulated makespan of the workload sketch under
-    the pool's routing with speculation, groups kept whole or not, texts seeded as the
-    run configures or not at all (None: no simulation available, refuse); ``replica``:
+    ``simulate([(colocate, seed), ...])`` the simulated makespans of the workload sketch
+    under the pool's routing with speculation, groups kept whole or not, texts seeded
+    as the run configures or not at all, run side by side where the runner can (None:
+    no simulation available, refuse); ``replica``:
     the pool is that many copies of what ``simulate`` runs (1: the whole pool);
     ``seeds``: whether the run seeds any text (siblings or history; default
     ``siblings_seeded``); ``margin``: how much sooner co-located must finish.
@@ -125,11 +132,14 @@ def decide_colocation(
         return ColocationDecision(
             False, f"off (no simulation of this pool or a replica of it; {figures})"
         )
-    scattered = simulate(False, True)
-    colocated = simulate(True, True)
+    # One wave: the routing's run, co-located, and (where the run seeds) co-located
+    # without seeding.
+    asked = [(False, True), (True, True)] + ([(True, False)] if seeds else [])
+    found = simulate(asked)
+    scattered, colocated = found[0], found[1]
     seed, how = True, ""
     if seeds:
-        seeded, plain = colocated, simulate(True, False)
+        seeded, plain = colocated, found[2]
         seed = seeded < plain
         colocated = min(seeded, plain)
         how = (

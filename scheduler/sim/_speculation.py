@@ -523,7 +523,7 @@ def colocation_placement(
     perf: PerfModel,
     *,
     replica: int = 1,
-    simulate: Callable[[bool, bool], float] | None = None,
+    simulate: Callable[[Sequence[tuple[bool, bool]]], list[float]] | None = None,
 ) -> tuple[GroupStickyPlacement | None, ColocationDecision]:
     """Heddle's decision (:func:`decide_colocation`) on the predictor's lengths, for a pool
     of ``engines`` engines at TP ``tp``: a group-keeping placement (None: groups are not

@@ -25,6 +25,7 @@ from heddle.operator._session_builders import (
     trainer_url,
 )
 from heddle.rollout import HostAllowList, SessionConfig
+from heddle.scheduler.sim import DECISION_WORKERS
 
 JOB: dict[str, Any] = {
     "apiVersion": "heddle.dev/v1alpha1",
@@ -75,6 +76,8 @@ def test_the_session_pod_runs_heddle_session_for_its_job_owned_by_it() -> None:
     assert env["HEDDLE_TOOL_ALLOWED_HOSTS"] == {"name": "HEDDLE_TOOL_ALLOWED_HOSTS", "value": ""}
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["resources"]["limits"]["memory"] == "4Gi"  # a default when none is given
+    # A CPU for each process the start-up decisions simulate on.
+    assert container["resources"]["requests"]["cpu"] == str(DECISION_WORKERS)
 
 
 def test_the_jobs_session_block_reaches_the_pod() -> None:

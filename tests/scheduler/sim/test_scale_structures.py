@@ -26,13 +26,18 @@ from heddle.scheduler import (
     history_of,
 )
 from heddle.scheduler.sim import (
+    MIN_PARALLEL_TRAJECTORIES,
     PlannerCost,
     SimConfig,
     SimEngine,
     SimSpeculation,
     SimTrajectory,
     Simulator,
+    Wave,
+    _minis,
     heddle_speculation,
+    wave_events,
+    wave_workers,
 )
 from heddle.scheduler.sim._view import LoadIndex
 
@@ -245,6 +250,41 @@ def test_speculating_decisions_are_charged_at_their_own_rate() -> None:
     off = replace(spec, config=SpeculationConfig("off"))
     plain, charged_off = _planned(cost, off)
     assert charged_off == pytest.approx(1e-3 * plain.decision_events)
+
+
+def test_a_wave_takes_its_longest_worker() -> None:
+    # Runs go, in order, to the first free worker (a process pool's queue).
+    assert wave_events(Wave((30, 50, 29), 1)) == 109
+    assert wave_events(Wave((30, 50, 29), 2)) == 59  # 30 + 29 beside 50
+    assert wave_events(Wave((30, 50, 29), 4)) == 50
+    assert wave_events(Wave((50, 30, 30, 30), 2)) == 80  # 50 + 30 beside 30 + 30
+
+
+def test_a_wave_of_small_runs_stays_in_one_process() -> None:
+    big = MIN_PARALLEL_TRAJECTORIES
+    assert wave_workers([big, big, big], 4) == 3  # one per run
+    assert wave_workers([big] * 8, 4) == 4
+    assert wave_workers([big, big - 1], 4) == 1  # a worker's start costs more
+    assert wave_workers([big], 4) == 1
+    assert wave_workers([big, big], 1) == 1
+
+
+def test_decisions_on_workers_are_charged_by_their_waves(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every run counted as large enough for a worker: each wave then runs on up to four
+    # processes, and the run waits for each wave's longest worker, plus their start.
+    monkeypatch.setattr(_minis, "MIN_PARALLEL_TRAJECTORIES", 1)
+    rates = {"simulated_event_s": 1e-3, "speculating_event_s": 5e-3, "worker_start_s": 0.25}
+    one, alone = _planned(PlannerCost(**rates, decision_workers=1))
+    four, beside = _planned(PlannerCost(**rates, decision_workers=4))
+    assert four.decision_events == one.decision_events  # the same simulations
+    assert [w.events for w in four.decision_waves] == [w.events for w in one.decision_waves]
+    assert any(len(w.events) > 1 for w in four.decision_waves)
+    assert alone == pytest.approx(1e-3 * one.decision_events)
+    longest = sum(wave_events(w) for w in four.decision_waves)
+    assert longest < one.decision_events
+    assert beside == pytest.approx(1e-3 * longest + 0.25)
+    first = min(start for e in four.engines.values() for start, _ in e.busy_intervals)
+    assert beside <= first < alone  # routing starts once they are decided, sooner
 
 
 @pytest.mark.slow

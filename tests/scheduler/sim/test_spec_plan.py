@@ -4,6 +4,7 @@ routing, and the drafting corpus the session seeds (siblings after a push, histo
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
@@ -221,12 +222,14 @@ def _judged(
     makespans: dict[tuple[bool, bool], float], seeds: bool
 ) -> tuple[ColocationDecision, list[tuple[bool, bool]]]:
     """decide_colocation on eight equal groups of four engines, the simulation replaced
-    by ``makespans[(colocate, seed)]``; the decision and the runs it asked for."""
+    by ``makespans[(colocate, seed)]``; the decision and the runs it asked for (one wave,
+    in order)."""
     asked: list[tuple[bool, bool]] = []
 
-    def simulate(colocate: bool, seed: bool) -> float:
-        asked.append((colocate, seed))
-        return makespans[(colocate, seed)]
+    def simulate(wave: Sequence[tuple[bool, bool]]) -> list[float]:
+        assert not asked, "the verdict's simulations are one wave"
+        asked.extend(wave)
+        return [makespans[run] for run in wave]
 
     groups = {f"g{g}": [1000.0] * 16 for g in range(8)}
     decision = decide_colocation(

@@ -1,0 +1,87 @@
+"""The start-up decisions' simulations on worker processes give the inline answers.
+
+A wave of the co-location verdict's kind (one workload sketch under verl's routing,
+scattered and kept whole) runs on real spawned processes and in this process; the
+makespans and events must be identical, since only where they run differs.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+import pytest
+
+from heddle.rollout import ProcessRunner, load_cluster, load_workload, usable_cpus
+from heddle.scheduler import (
+    HEDDLE_SPECULATION,
+    PoolShape,
+    acceptance_model,
+    generate,
+    get_policy,
+    history_of,
+)
+from heddle.scheduler.sim import InlineRunner, MiniRun, SimConfig, _minis, heddle_speculation
+
+# A small synthetic coding job (stands in for a workload sketch) on one 4-GPU node.
+_CODING = replace(load_workload("coding"), prompts=4, samples_per_prompt=4)
+_NODE = replace(load_cluster("64xh100"), gpus=4)
+
+
+def _wave() -> list[MiniRun]:
+    scripts = generate(_CODING, 3)
+    # As the verdict's runs are: they decide nothing themselves and are charged nothing.
+    spec = heddle_speculation(HEDDLE_SPECULATION, acceptance_model("default"))
+    config = SimConfig(planner_cost=None, speculation=replace(spec, colocate_groups=False))
+    return [
+        MiniRun(
+            scripts, _NODE, get_policy("verl"), {"tool": 0.3}, history_of(generate(_CODING, 4)),
+            PoolShape.of({4: 1}), _NODE.perf_model(), config, keep_groups=keep,
+        )
+        for keep in (False, True)
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def every_wave_pays_for_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs this small counted as worth a worker process each (the threshold is for
+    the session's real sketches)."""
+    monkeypatch.setattr(_minis, "MIN_PARALLEL_TRAJECTORIES", 1)
+
+
+@pytest.mark.usefixtures("every_wave_pays_for_workers")
+def test_worker_processes_give_the_inline_answers() -> None:
+    runs = _wave()
+    inline, alone = InlineRunner().run_wave(runs)
+    with ProcessRunner(2) as runner:
+        if runner.workers < 2:
+            pytest.skip("one usable CPU: the runner would run inline")
+        spawned, beside = runner.run_wave(runs)
+    assert spawned == inline
+    assert beside.events == alone.events and all(e > 0 for e in beside.events)
+    assert (beside.workers, alone.workers) == (2, 1)
+
+
+@pytest.mark.usefixtures("every_wave_pays_for_workers")
+def test_workers_that_cannot_start_leave_the_simulations_inline(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def no_processes(self: ProcessRunner) -> None:
+        raise OSError(38, "Function not implemented")  # no /dev/shm for its semaphores
+
+    monkeypatch.setattr(ProcessRunner, "_started", no_processes)
+    runs = _wave()
+    with ProcessRunner(2) as runner, caplog.at_level(logging.WARNING, "heddle.run"):
+        if runner.workers < 2:
+            pytest.skip("one usable CPU: the runner would run inline")
+        first, wave = runner.run_wave(runs)
+        again, _ = runner.run_wave(runs)
+    assert first == again == InlineRunner().run_wave(runs)[0]
+    assert wave.workers == 1  # charged as what it was: one process
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "worker processes failed" in warned[0]
+
+
+def test_a_runner_never_asks_for_more_processes_than_cpus() -> None:
+    assert ProcessRunner(10_000).workers == usable_cpus()
+    assert ProcessRunner(1).workers == 1
