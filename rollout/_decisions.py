@@ -44,6 +44,7 @@ class ProcessRunner:
         self.workers = max(1, min(workers, usable_cpus()))
         self._pool: ProcessPoolExecutor | None = None
         self._inline = self.workers == 1  # workers failed to start, or none to start
+        self.used = 1  # the most processes a wave ran on (reports)
 
     def run_wave(self, runs: Sequence[MiniRun]) -> tuple[list[float], Wave]:
         workers = 1 if self._inline else wave_workers([len(r.scripts) for r in runs], self.workers)
@@ -59,6 +60,7 @@ class ProcessRunner:
                 self._inline = True
                 self.close()
             else:
+                self.used = max(self.used, workers)
                 return [m for m, _ in results], Wave(tuple(e for _, e in results), workers)
         results = [run_mini(run) for run in runs]
         return [m for m, _ in results], Wave(tuple(e for _, e in results), 1)

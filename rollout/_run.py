@@ -315,7 +315,11 @@ def decide_run(
             local, plan.shape, plan.policy, plan.max_trajectories_in_flight, perf,
             speculation, runner,
         )  # fmt: skip
-    return plan, colocation, time.perf_counter() - started
+    took = time.perf_counter() - started
+    on = f"{runner.used} worker processes" if runner.used > 1 else "the session's process"
+    log.info("%s: shape %s and co-location decided in %.1f s (on %s)", local.job.name,
+             plan.shape, took, on)  # fmt: skip
+    return plan, colocation, took
 
 
 def build_environment(local: LocalJob) -> Environment:
@@ -453,7 +457,6 @@ async def run_local(
     perf = perf_model_for(local.pool, options)
     plan, colocation, decisions_s = decide_run(local, perf, options.speculation)
     shape = plan.shape
-    log.info("%s: shape %s and co-location decided in %.1f s", local.job.name, shape, decisions_s)
     # Locked and checked before any worker starts: a second run on this output stops here.
     sink = OutputSink(local.output)
     sink.open()

@@ -210,8 +210,7 @@ async def _run(
     perf = perf_model_for(pool)
     # Mini-simulations (seconds to a minute, on worker processes): off the loop, which
     # keeps writing the job's status meanwhile.
-    plan, colocation, decided_s = await asyncio.to_thread(decide_run, local, perf)
-    log.info("%s: shape %s and co-location decided in %.1f s", job.name, plan.shape, decided_s)
+    plan, colocation, _ = await asyncio.to_thread(decide_run, local, perf)
     planned: dict[str, Any] = {}
     if pool.shape is None:  # the operator reshapes the pool to it (docs/operator.md)
         planned.update(SessionPublished(planned_shape=plan.shape).fields())

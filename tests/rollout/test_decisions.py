@@ -9,10 +9,19 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from heddle.rollout import ProcessRunner, load_cluster, load_workload, usable_cpus
+from heddle.rollout import (
+    ProcessRunner,
+    decide_run,
+    load_cluster,
+    load_workload,
+    perf_model_for,
+    prepare_job,
+    usable_cpus,
+)
 from heddle.scheduler import (
     HEDDLE_SPECULATION,
     PoolShape,
@@ -60,6 +69,7 @@ def test_worker_processes_give_the_inline_answers() -> None:
     assert spawned == inline
     assert beside.events == alone.events and all(e > 0 for e in beside.events)
     assert (beside.workers, alone.workers) == (2, 1)
+    assert runner.used == 2
 
 
 @pytest.mark.usefixtures("every_wave_pays_for_workers")
@@ -77,7 +87,7 @@ def test_workers_that_cannot_start_leave_the_simulations_inline(
         first, wave = runner.run_wave(runs)
         again, _ = runner.run_wave(runs)
     assert first == again == InlineRunner().run_wave(runs)[0]
-    assert wave.workers == 1  # charged as what it was: one process
+    assert wave.workers == 1 and runner.used == 1  # charged as what it was: one process
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) == 1 and "worker processes failed" in warned[0]
 
@@ -85,3 +95,15 @@ def test_workers_that_cannot_start_leave_the_simulations_inline(
 def test_a_runner_never_asks_for_more_processes_than_cpus() -> None:
     assert ProcessRunner(10_000).workers == usable_cpus()
     assert ProcessRunner(1).workers == 1
+
+
+def test_a_run_says_how_long_deciding_took_and_where(caplog: pytest.LogCaptureFixture) -> None:
+    # The synthetic example: 64 trajectories, too few for a worker process to pay.
+    example = Path(__file__).parents[2] / "examples" / "synthetic"
+    local = prepare_job(example / "job.yaml", example / "pool.yaml")
+    with caplog.at_level(logging.INFO, "heddle.run"):
+        plan, colocation, took = decide_run(local, perf_model_for(local.pool))
+    assert plan.shape == local.pool.shape and colocation is None  # pinned; no speculation
+    (said,) = [r.getMessage() for r in caplog.records if "decided in" in r.getMessage()]
+    assert said.startswith("synthetic: shape 2xTP1 and co-location decided in")
+    assert said.endswith("s (on the session's process)") and took >= 0.0
