@@ -820,7 +820,7 @@ def judge_colocation(
                 pool_engines=spec.pool_engines or shape.num_instances,
             )
             run_config = replace(config, planner_cost=None, speculation=run_spec)
-            # what the run's predictor knows: the sketch's source (history)
+            # history=records: what the run's predictor knows, the sketch's source.
             return MiniRun(
                 scripts, sim_cluster, routing, {"tool": mean_s}, records, sim_shape, perf,
                 run_config, keep_groups=colocate,
@@ -861,7 +861,6 @@ class SimulatedShapePlanner(ReplicaShapePlanner):
         **options: Any,
     ) -> None:
         super().__init__(perf, config, **options)
-        self.simulated_events = 0  # events its mini-simulations handled (their CPU cost)
         self.waves: list[Wave] = []  # as they ran (their time: PlannerCost.decisions_s)
         self.runner: MiniRunner = runner or InlineRunner()
         self.speculation = (
@@ -874,8 +873,12 @@ class SimulatedShapePlanner(ReplicaShapePlanner):
     def _makespans(self, runs: Sequence[ReplicaRun]) -> list[float]:
         makespans, wave = self.runner.run_wave([self._mini(run) for run in runs])
         self.waves.append(wave)
-        self.simulated_events += sum(wave.events)
         return makespans
+
+    @property
+    def simulated_events(self) -> int:
+        """Events its mini-simulations handled (their CPU)."""
+        return sum(sum(w.events) for w in self.waves)
 
     def _mini(self, run: ReplicaRun) -> MiniRun:
         speculation = self.speculation

@@ -15,6 +15,7 @@ import pytest
 
 from heddle.rollout import (
     ProcessRunner,
+    _decisions,
     decide_run,
     load_cluster,
     load_workload,
@@ -54,8 +55,10 @@ def _wave() -> list[MiniRun]:
 @pytest.fixture
 def every_wave_pays_for_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     """Runs this small counted as worth a worker process each (the threshold is for
-    the session's real sketches)."""
+    the session's real sketches), on a host with two CPUs to give them (on one, the
+    two processes share it: only slower)."""
     monkeypatch.setattr(_minis, "MIN_PARALLEL_TRAJECTORIES", 1)
+    monkeypatch.setattr(_decisions, "usable_cpus", lambda: 2)
 
 
 @pytest.mark.usefixtures("every_wave_pays_for_workers")
@@ -63,8 +66,7 @@ def test_worker_processes_give_the_inline_answers() -> None:
     runs = _wave()
     inline, alone = InlineRunner().run_wave(runs)
     with ProcessRunner(2) as runner:
-        if runner.workers < 2:
-            pytest.skip("one usable CPU: the runner would run inline")
+        assert runner.workers == 2
         spawned, beside = runner.run_wave(runs)
     assert spawned == inline
     assert beside.events == alone.events and all(e > 0 for e in beside.events)
@@ -82,8 +84,7 @@ def test_workers_that_cannot_start_leave_the_simulations_inline(
     monkeypatch.setattr(ProcessRunner, "_started", no_processes)
     runs = _wave()
     with ProcessRunner(2) as runner, caplog.at_level(logging.WARNING, "heddle.run"):
-        if runner.workers < 2:
-            pytest.skip("one usable CPU: the runner would run inline")
+        assert runner.workers == 2
         first, wave = runner.run_wave(runs)
         again, _ = runner.run_wave(runs)
     assert first == again == InlineRunner().run_wave(runs)[0]
