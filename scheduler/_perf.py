@@ -89,9 +89,11 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 }
 
 # H100 SXM5 datasheet: 80 GB HBM3 at 3.35 TB/s, 989 dense bf16 TFLOPS,
-# NVLink 4 at 900 GB/s bidirectional (450 GB/s each way).
+# NVLink 4 at 900 GB/s bidirectional (450 GB/s each way). H200 SXM datasheet: the
+# same chip and NVLink with 141 GB of HBM3e at 4.8 TB/s.
 HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     "h100-sxm": HardwareSpec("H100-SXM", 80.0, 3350.0, 989.0, 450.0),
+    "h200-sxm": HardwareSpec("H200-SXM", 141.0, 4800.0, 989.0, 450.0),
 }
 
 

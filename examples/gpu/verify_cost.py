@@ -8,12 +8,18 @@ vLLM runs decode, so the figures are the engine's forward time without
 scheduling or sampling. It needs only torch with CUDA (vLLM is not used: it
 cannot be installed on the lent GPU machines, which have no network).
 
+With ``--tp N`` it times what one GPU of an N-way tensor-parallel engine
+runs, laid out as vLLM shards it: a 1/N share of the query heads, the KV
+heads (each replicated where there are fewer than N), the MLP's intermediate
+width and the vocabulary. The two all-reduces per layer that join the shards
+are not timed (one GPU has no peer); the performance model costs them apart.
+
 What it leaves out, on purpose: rotary embeddings and the q/k norms
 (elementwise, under 2% of a step), the causal mask among the k+1 new tokens
-(the kernel reads the same KV either way), and tensor parallelism (one GPU).
+(the kernel reads the same KV either way), and the all-reduces (above).
 
 Usage: python examples/gpu/verify_cost.py --out verify.json [--model qwen3-8b]
-       [--budget-s 300]
+       [--tp 1] [--budget-s 300]
 Writes one JSON object: the device, the model shape and one row per
 (batch, k, context) with the median, p10 and p90 step time in milliseconds.
 """
@@ -42,6 +48,25 @@ class Shape:
     intermediate: int
     vocab: int
 
+    def shard(self, tp: int) -> Shape:
+        """The share one GPU of a ``tp``-way tensor-parallel engine holds (vLLM's layout)."""
+        if tp < 1 or self.heads % tp or self.intermediate % tp or self.vocab % tp:
+            raise SystemExit(
+                f"--tp {tp} does not divide {self.name}'s {self.heads} heads, "
+                f"{self.intermediate} intermediate width and {self.vocab} vocabulary; "
+                "pass 1, 2, 4 or 8"
+            )
+        return Shape(
+            self.name,
+            self.layers,
+            self.hidden,
+            self.heads // tp,
+            max(1, self.kv_heads // tp),  # vLLM replicates KV heads when tp exceeds them
+            self.head_dim,
+            self.intermediate // tp,
+            self.vocab // tp,
+        )
+
 
 # From the models' config.json on the Hugging Face hub (Qwen/Qwen3-8B, -14B, -32B).
 SHAPES = {
@@ -56,8 +81,12 @@ L2_BYTES = 64 << 20  # KV buffers re-used across layers must each be larger than
 class Stack:
     """The layer stack with random bf16 weights and one KV buffer per layer (or a ring)."""
 
-    def __init__(self, shape: Shape, device: torch.device) -> None:
+    def __init__(
+        self, shape: Shape, device: torch.device, attention: str = "sdpa", sms: int = 132
+    ) -> None:
         self.shape = shape
+        self.attention = attention
+        self.sms = sms
         dt = torch.bfloat16
         h, hd = shape.hidden, shape.head_dim
         qkv_out = (shape.heads + 2 * shape.kv_heads) * hd
@@ -79,6 +108,26 @@ class Stack:
         self.lm_head = w(shape.vocab, h)
         self.device = device
 
+    def splits(self, batch: int, context: int) -> int:
+        """Pieces each sequence's context is cut into for ``--attention split``.
+
+        Decode attention has one block of work per (sequence, KV head): at a small
+        batch, or with the few KV heads one GPU of a TP engine holds, that leaves most of
+        the GPU idle. vLLM's decode kernels (FlashAttention's split-KV, FlashInfer) cut
+        the context into pieces until the GPU is filled, then join them by their
+        log-sum-exp; this does the same, with pieces of at least 256 tokens.
+        """
+        if self.attention != "split":
+            return 1
+        pieces = 1
+        while (
+            batch * self.shape.kv_heads * pieces < self.sms
+            and context % (pieces * 2) == 0
+            and context // (pieces * 2) >= 256
+        ):
+            pieces *= 2
+        return pieces
+
     def kv_ring(self, batch: int, context: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         s = self.shape
         per_layer = 2 * batch * s.kv_heads * context * s.head_dim * 2
@@ -88,7 +137,10 @@ class Stack:
             raise MemoryError("KV does not fit")
         if n < s.layers and per_layer < L2_BYTES:
             n = s.layers
-        shape = (batch, s.kv_heads, context, s.head_dim)
+        pieces = self.splits(batch, context)
+        # (sequence, piece, KV head, token, dim): each piece is contiguous, as a paged
+        # cache's blocks are, so cutting the context costs no copy.
+        shape = (batch, pieces, s.kv_heads, context // pieces, s.head_dim)
         return [
             (
                 torch.randn(shape, device=self.device, dtype=torch.bfloat16),
@@ -115,16 +167,62 @@ class Stack:
             kh = kh.view(b, q, s.kv_heads, s.head_dim).transpose(1, 2)
             vh = vh.view(b, q, s.kv_heads, s.head_dim).transpose(1, 2)
             # The new tokens' KV is written where the cache ends, as a paged cache would.
-            ctx = k_cache.shape[2]
-            k_cache[:, :, ctx - q :, :] = kh
-            v_cache[:, :, ctx - q :, :] = vh
-            att = nnf.scaled_dot_product_attention(qh, k_cache, v_cache)
+            piece = k_cache.shape[3]
+            k_cache[:, -1, :, piece - q :, :] = kh
+            v_cache[:, -1, :, piece - q :, :] = vh
+            if self.attention == "split":
+                att = attend_in_pieces(qh, k_cache, v_cache)
+            else:
+                att = nnf.scaled_dot_product_attention(qh, k_cache[:, 0], v_cache[:, 0])
             att = att.view(b, s.kv_heads, q, group, s.head_dim).permute(0, 2, 1, 3, 4)
             x = x + att.reshape(b, q, s.heads * s.head_dim) @ layer["o"].t()
             hn = nnf.rms_norm(x, (s.hidden,), layer["n2"])
             gate, up = (hn @ layer["gate_up"].t()).chunk(2, -1)
             x = x + (nnf.silu(gate) * up) @ layer["down"].t()
         return x @ self.lm_head.t()
+
+
+def _attend_with_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flash attention's output and per-row log-sum-exp, (B, H, L, D) and (B, H, L)."""
+    if q.is_cuda:
+        out = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v)
+    else:
+        out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)
+    return out[0], out[1][..., : q.shape[2]]
+
+
+def attend_in_pieces(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    """Attention of q (B, H, L, D) over a cache cut into pieces (B, P, H, T, D): each piece
+    attends on its own, in parallel, and the pieces are joined by their log-sum-exp."""
+    b, pieces, h, t, d = k_cache.shape
+    rows = q.shape[2]
+    if pieces == 1:
+        return _attend_with_lse(q, k_cache[:, 0], v_cache[:, 0])[0]
+    qp = q.unsqueeze(1).expand(b, pieces, h, rows, d).reshape(b * pieces, h, rows, d)
+    out, lse = _attend_with_lse(
+        qp, k_cache.view(b * pieces, h, t, d), v_cache.view(b * pieces, h, t, d)
+    )
+    weight = torch.softmax(lse.view(b, pieces, h, rows).float(), dim=1).unsqueeze(-1)
+    joined = (out.view(b, pieces, h, rows, d).float() * weight).sum(1)
+    return joined.to(q.dtype)
+
+
+def pieces_error(device: torch.device) -> float:
+    """Relative error of ``attend_in_pieces`` against whole-context attention (a check that
+    the joined pieces compute the same function before they are timed)."""
+    b, h, rows, t, d, pieces = 3, 2, 10, 2048, 128, 8
+    q = torch.randn(b, h, rows, d, device=device, dtype=torch.bfloat16)
+    k = torch.randn(b, h, t, d, device=device, dtype=torch.bfloat16)
+    v = torch.randn(b, h, t, d, device=device, dtype=torch.bfloat16)
+
+    def cut(x: torch.Tensor) -> torch.Tensor:
+        return x.view(b, h, pieces, t // pieces, d).transpose(1, 2).contiguous()
+
+    got = attend_in_pieces(q, cut(k), cut(v)).double()
+    want = nnf.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    return float((got - want).norm() / want.norm())
 
 
 def time_step(stack: Stack, batch: int, q: int, context: int, reps: int) -> list[float]:
@@ -162,19 +260,35 @@ def main() -> None:
     parser.add_argument("--batches", default="1,4,16,32,64,128,256")
     parser.add_argument("--ks", default="0,1,2,4,8")
     parser.add_argument("--contexts", default="1024,8192")
+    parser.add_argument("--tp", type=int, default=1, help="time one GPU's shard of TP N")
+    parser.add_argument(
+        "--attention",
+        choices=("sdpa", "split"),
+        default="sdpa",
+        help="sdpa: one block of work per sequence and KV head; split: the context cut "
+        "into pieces until the GPU is full, as vLLM's decode kernels do",
+    )
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--budget-s", type=float, default=300.0)
     args = parser.parse_args()
     device = torch.device("cuda")
     torch.manual_seed(0)
-    stack = Stack(SHAPES[args.model], device)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    stack = Stack(SHAPES[args.model].shard(args.tp), device, args.attention, sms)
     result: dict[str, object] = {
         "device": torch.cuda.get_device_name(device),
         "torch": torch.__version__,
+        "tp": args.tp,
+        "attention": args.attention,
         "model": asdict(stack.shape),
         "weights": "random bf16 (dummy), CUDA graph per configuration",
         "rows": [],
     }
+    if args.attention == "split":
+        error = pieces_error(device)
+        result["pieces_relative_error"] = error
+        if not error < 1e-2:
+            raise SystemExit(f"attention in pieces is off by {error:.2e}; not timing it")
     rows: list[dict[str, object]] = result["rows"]  # type: ignore[assignment]
     began = time.monotonic()
     for context in (int(c) for c in args.contexts.split(",")):
@@ -195,6 +309,7 @@ def main() -> None:
                     "batch": batch,
                     "k": k,
                     "context": context,
+                    "pieces": stack.splits(batch, context),
                     "ms_median": round(statistics.median(times), 4),
                     "ms_p10": round(qs[0], 4),
                     "ms_p90": round(qs[-1], 4),

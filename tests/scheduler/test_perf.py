@@ -28,6 +28,20 @@ def test_tp_speedup_is_sublinear(perf: PerfModel) -> None:
     assert 1.5 < speedup < 8.0
 
 
+def test_the_h200_reads_faster_than_the_h100_and_computes_the_same() -> None:
+    h100 = PerfModel(MODEL_PRESETS["qwen3-14b"], HARDWARE_PRESETS["h100-sxm"])
+    h200 = PerfModel(MODEL_PRESETS["qwen3-14b"], HARDWARE_PRESETS["h200-sxm"])
+    fixed = HARDWARE_PRESETS["h100-sxm"].step_overhead_ms * 1e-3
+    # A lone sequence is memory-bound: the step shrinks by the bandwidth ratio.
+    lone = [(p.iteration_time(1, 1024, 1) - fixed) for p in (h100, h200)]
+    assert lone[0] / lone[1] == pytest.approx(4800 / 3350)
+    # A full batch of short contexts is compute-bound: the same chip, the same step.
+    full = [p.iteration_time(256, 256 * 256, 1) for p in (h100, h200)]
+    assert full[0] == pytest.approx(full[1])
+    # The larger memory holds more KV.
+    assert h200.kv_capacity_tokens(1) > 2 * h100.kv_capacity_tokens(1)
+
+
 @pytest.mark.parametrize(
     "batch,context,iterations", [(1, 100, 1), (7, 5_000, 33), (64, 900_000, 250)]
 )
