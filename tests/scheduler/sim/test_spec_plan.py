@@ -31,7 +31,9 @@ from heddle.scheduler.sim import (
     heddle_speculation,
     judge_colocation,
 )
+from heddle.scheduler.sim._minis import Wave
 from heddle.scheduler.sim._plan import ReplicaRun, group_replica
+from heddle.scheduler.sim._simulator import MiniRun
 from heddle.scheduler.sim._spec_plan import ColocationDecision, decide_colocation
 
 from ...conftest import make_instance
@@ -297,6 +299,65 @@ def test_a_pool_larger_than_the_replica_is_judged_on_one_replica_of_whole_groups
         config=SimConfig(speculation=heddle_speculation(SUFFIX, DEFAULT, **NO_SEEDING)),
     )  # fmt: skip
     assert "on a 1/2 replica, margin 5%" in sim.colocation
+
+
+class PoolSizedAnswers:
+    """Stands in for the decision's runner: answers each simulation by the GPUs it runs
+    on (a replica or the whole pool) and whether groups are kept whole, and records the
+    pools each wave ran on."""
+
+    def __init__(self, answers: dict[tuple[int, bool], float]) -> None:
+        self.answers = answers
+        self.asked: list[set[int]] = []
+
+    def run_wave(self, runs: Sequence[MiniRun]) -> tuple[list[float], Wave]:
+        self.asked.append({r.cluster.gpus for r in runs})
+        found = [self.answers[(r.cluster.gpus, r.keep_groups)] for r in runs]
+        return found, Wave(tuple(100 for _ in runs))
+
+
+def _judged_on_32(
+    answers: dict[tuple[int, bool], float],
+) -> tuple[ColocationDecision, list[set[int]]]:
+    big = replace(CLUSTER, name="thirty-two", gpus=32, gpus_per_node=8)
+    scripts = groups_of([1200] * 64)
+    shape = PoolShape.of({1: 32})
+    probe = Simulator(
+        scripts, big, get_policy("heddle"), tool_means_s={"tool": 0.2},
+        history=history_of(scripts), shape=shape,
+    )  # fmt: skip
+    runner = PoolSizedAnswers(answers)
+    verdict = judge_colocation(
+        [s.traj for s in probe.sims.values()], history_of(scripts), cluster=big,
+        policy="verl", shape=shape, perf=big.perf_model(),
+        config=SimConfig(speculation=heddle_speculation(SUFFIX, DEFAULT, **NO_SEEDING)),
+        tool_means_s={"tool": 0.2}, predictor="sibling", runner=runner,
+    )[1]  # fmt: skip
+    return verdict, runner.asked
+
+
+def test_a_replicas_no_is_asked_again_of_the_whole_pool() -> None:
+    # The 1/2 replica sees co-location 2% ahead (under the 5% margin); the whole pool's
+    # sketch sees 10%: taken, on the pool's answer, and both waves are charged.
+    verdict, asked = _judged_on_32({(16, False): 100.0, (16, True): 98.0,
+                                    (32, False): 200.0, (32, True): 180.0})  # fmt: skip
+    assert asked == [{16}, {32}]
+    assert verdict.colocate
+    assert (verdict.predicted_scattered_s, verdict.predicted_colocated_s) == (200.0, 180.0)
+    assert "a 1/2 replica had said 98s co-located vs 100s" in verdict.reason
+    assert len(verdict.waves) == 2
+    # The pool may refuse too: then it is refused on the pool's figures.
+    verdict, asked = _judged_on_32({(16, False): 100.0, (16, True): 98.0,
+                                    (32, False): 200.0, (32, True): 199.0})  # fmt: skip
+    assert asked == [{16}, {32}] and not verdict.colocate
+    assert verdict.predicted_colocated_s == 199.0
+
+
+def test_a_replicas_yes_stands_without_asking_the_pool() -> None:
+    verdict, asked = _judged_on_32({(16, False): 100.0, (16, True): 90.0})
+    assert asked == [{16}]
+    assert verdict.colocate and "on a 1/2 replica" in verdict.reason
+    assert len(verdict.waves) == 1
 
 
 def test_the_decisions_runs_seed_as_the_run_will_under_a_routing_without_a_predictor() -> None:
