@@ -11,7 +11,7 @@ planning path from (job, pool, tasks) to a running session: ``prepare_job`` and
 from ._answers import expected_answer, extract_answer, same_answer
 from ._colocation import ColocationVerdict, live_colocation
 from ._contract import FAILED_ROWS, is_placeholder, order_rows, placeholder_record
-from ._decisions import ProcessRunner, usable_cpus
+from ._decisions import CPUS_ENV, ProcessRunner, usable_cpus
 from ._drafts_feed import (
     DraftCorpus,
     DraftsFeed,
@@ -164,6 +164,7 @@ from ._trainer_api import TRAINER_TOKEN_ENV, TrainerServer, create_trainer_app
 __all__ = [
     "ALLOWED_HOSTS_ENV",
     "ANY_HOST",
+    "CPUS_ENV",
     "DATA_ROOT",
     "FAILED_ROWS",
     "GATEWAY_TOKEN_ENV",

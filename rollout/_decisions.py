@@ -13,26 +13,46 @@ runs the simulations in this process.
 from __future__ import annotations
 
 import logging
+import math
 import multiprocessing
 import os
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 from types import TracebackType
 
 from heddle.scheduler.sim import DECISION_WORKERS, MiniRun, Wave, run_mini, wave_workers
 
-__all__ = ["ProcessRunner", "usable_cpus"]
+__all__ = ["CPUS_ENV", "ProcessRunner", "usable_cpus"]
 
 log = logging.getLogger("heddle.run")
 
+# The CPUs a session pod asked for (its container's requests.cpu, rounded up; the
+# operator sets it through the downward API). Unset or 0: no such bound.
+CPUS_ENV = "HEDDLE_CPUS"
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
 
-def usable_cpus() -> int:
-    """CPUs this process may run on."""
+
+def usable_cpus(cgroup_cpu_max: Path = CGROUP_CPU_MAX) -> int:
+    """CPUs this process may keep busy: those it may run on, bounded by its cgroup's CPU
+    quota (a container's CPU limit) and by the CPUs its pod asked for (``CPUS_ENV``). A
+    pod that asked for one CPU on a large node still sees every core; it gets its share
+    of them only, so more processes than that would only take turns."""
     try:
-        return len(os.sched_getaffinity(0))
+        cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        cpus = os.cpu_count() or 1
+    try:
+        quota, period = cgroup_cpu_max.read_text(encoding="ascii").split()[:2]
+        if quota != "max":
+            cpus = min(cpus, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):  # no cgroup v2 here, or a line that is not a quota
+        pass
+    asked = os.environ.get(CPUS_ENV, "").strip()
+    if asked.isdigit() and int(asked) > 0:
+        cpus = min(cpus, int(asked))
+    return max(1, cpus)
 
 
 class ProcessRunner:

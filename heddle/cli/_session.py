@@ -113,7 +113,8 @@ def add_session_parser(sub: Any) -> None:
         description="Reads the RolloutJob and its EnginePool through the Kubernetes API "
         "(the in-cluster service account, else KUBECONFIG), runs the rollout against the "
         "pool's ready instances and writes the job's status. The worker token comes from "
-        "HEDDLE_WORKER_TOKEN, the control loop's knobs from HEDDLE_SESSION_CONFIG (JSON).",
+        "HEDDLE_WORKER_TOKEN, the control loop's knobs from HEDDLE_SESSION_CONFIG (JSON); "
+        "the start-up decisions run on no more processes than HEDDLE_CPUS, if set.",
     )
     p.add_argument("--namespace", required=True, help="the job's namespace")
     p.add_argument("--job", required=True, help="the RolloutJob's name")

@@ -37,6 +37,7 @@ from heddle.api import (
 )
 from heddle.rollout import (
     ALLOWED_HOSTS_ENV,
+    CPUS_ENV,
     DATA_ROOT,
     GATEWAY_TOKEN_ENV,
     TRAINER_TOKEN_ENV,
@@ -149,7 +150,11 @@ def session_pod(
         {"name": SESSION_CONFIG_ENV, "value": json.dumps(asdict(options.session))},
         # Always set: an empty list denies every tool host in the session too.
         {"name": ALLOWED_HOSTS_ENV, "value": options.tool_hosts.text()},
-    ]
+        # The CPUs the pod asked for, rounded up: its start-up decisions run on no more
+        # worker processes than that (a node shows the session all its cores).
+        {"name": CPUS_ENV, "valueFrom": {"resourceFieldRef": {
+            "containerName": "session", "resource": "requests.cpu", "divisor": "1"}}},
+    ]  # fmt: skip
     external = job.environment.type == "external"
     if external:  # the agents' token, from the job's own Secret (gateway_objects)
         env.append({"name": GATEWAY_TOKEN_ENV, "valueFrom": {"secretKeyRef": {

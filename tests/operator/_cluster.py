@@ -31,6 +31,7 @@ import copy
 import dataclasses
 import datetime as dt
 import itertools
+import math
 import os
 import random
 import signal
@@ -518,6 +519,10 @@ class Kubelet:
         for entry in pod["spec"]["containers"][0].get("env") or []:
             if "value" in entry:
                 env[entry["name"]] = str(entry["value"])
+            resource = (entry.get("valueFrom") or {}).get("resourceFieldRef")
+            if resource is not None:
+                env[entry["name"]] = resource_field_value(pod, resource)
+                continue
             ref = (entry.get("valueFrom") or {}).get("secretKeyRef")
             if ref is None:
                 continue  # other sources (fieldRef, configMapKeyRef) are not needed here
@@ -574,3 +579,24 @@ class Kubelet:
 def _gpus(pod: dict[str, Any]) -> int:
     limits = (pod["spec"]["containers"][0].get("resources") or {}).get("limits") or {}
     return int(limits.get("nvidia.com/gpu", 0))  # a session pod holds none
+
+
+def _cpus(quantity: str) -> float:
+    """A CPU quantity ("2", "500m", "1.5") in cores."""
+    text = str(quantity)
+    return int(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+def resource_field_value(pod: dict[str, Any], ref: dict[str, Any]) -> str:
+    """A downward-API ``resourceFieldRef`` as the kubelet resolves it: the named
+    container's CPU request or limit over the divisor, rounded up (0 where unset)."""
+    containers = pod["spec"]["containers"]
+    name = ref.get("containerName")
+    container = next((c for c in containers if c["name"] == name), containers[0])
+    kind, _, what = ref["resource"].partition(".")
+    if what != "cpu":
+        raise NotImplementedError(f"the test kubelet resolves CPU fields only, not {what!r}")
+    amount = ((container.get("resources") or {}).get(kind) or {}).get("cpu")
+    if amount is None:
+        return "0"
+    return str(math.ceil(_cpus(amount) / _cpus(ref.get("divisor", "1"))))

@@ -27,6 +27,8 @@ from heddle.operator._session_builders import (
 from heddle.rollout import HostAllowList, SessionConfig
 from heddle.scheduler.sim import DECISION_WORKERS
 
+from ._cluster import resource_field_value
+
 JOB: dict[str, Any] = {
     "apiVersion": "heddle.dev/v1alpha1",
     "kind": "RolloutJob",
@@ -76,8 +78,11 @@ def test_the_session_pod_runs_heddle_session_for_its_job_owned_by_it() -> None:
     assert env["HEDDLE_TOOL_ALLOWED_HOSTS"] == {"name": "HEDDLE_TOOL_ALLOWED_HOSTS", "value": ""}
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["resources"]["limits"]["memory"] == "4Gi"  # a default when none is given
-    # A CPU for each process the start-up decisions simulate on.
+    # A CPU for each process the start-up decisions simulate on, and the request passed
+    # in so that the session starts no more of them.
     assert container["resources"]["requests"]["cpu"] == str(DECISION_WORKERS)
+    cpus = env["HEDDLE_CPUS"]["valueFrom"]["resourceFieldRef"]
+    assert resource_field_value(pod, cpus) == str(DECISION_WORKERS)
 
 
 def test_the_jobs_session_block_reaches_the_pod() -> None:
@@ -98,6 +103,15 @@ def test_the_jobs_session_block_reaches_the_pod() -> None:
     assert {"name": "data", "persistentVolumeClaim": {"claimName": "rl"}} in spec["volumes"]
     assert {"name": "data", "mountPath": "/data"} in container["volumeMounts"]
     assert container["resources"] == session["resources"]
+    # The decisions' worker processes follow the pod's own CPU request (2 here), which
+    # the kubelet passes in through the downward API.
+    env = {e["name"]: e for e in container["env"]}
+    assert env["HEDDLE_CPUS"]["valueFrom"] == {"resourceFieldRef": {
+        "containerName": "session", "resource": "requests.cpu", "divisor": "1"}}  # fmt: skip
+    ref = env["HEDDLE_CPUS"]["valueFrom"]["resourceFieldRef"]
+    assert resource_field_value(pod, ref) == "2"
+    container["resources"] = {"requests": {"cpu": "500m"}}  # rounded up, as a kubelet does
+    assert resource_field_value(pod, ref) == "1"
     assert spec["nodeSelector"] == {"pool": "cpu"}
     assert spec["tolerations"] == [{"key": "rl", "operator": "Exists"}]
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from heddle.rollout import (
+    CPUS_ENV,
     ProcessRunner,
     _decisions,
     decide_run,
@@ -96,6 +97,32 @@ def test_workers_that_cannot_start_leave_the_simulations_inline(
 def test_a_runner_never_asks_for_more_processes_than_cpus() -> None:
     assert ProcessRunner(10_000).workers == usable_cpus()
     assert ProcessRunner(1).workers == 1
+
+
+def test_the_cpus_a_pod_asked_for_bound_the_processes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A session pod that asked for one CPU sees all of its node's cores; the operator
+    # passes its request (HEDDLE_CPUS), and a CPU limit shows as the cgroup's quota.
+    monkeypatch.setattr(_decisions.os, "sched_getaffinity", lambda _pid: set(range(16)))
+    no_cgroup = tmp_path / "absent"
+    monkeypatch.delenv(CPUS_ENV, raising=False)
+    assert usable_cpus(no_cgroup) == 16
+    monkeypatch.setenv(CPUS_ENV, "1")
+    assert usable_cpus(no_cgroup) == 1
+    monkeypatch.setattr(_decisions, "CGROUP_CPU_MAX", no_cgroup)
+    assert ProcessRunner().workers == 1  # the decisions run in the session's process
+    for unset in ("0", "", "lots"):  # no request, or nothing a number: no bound from it
+        monkeypatch.setenv(CPUS_ENV, unset)
+        assert usable_cpus(no_cgroup) == 16
+    monkeypatch.setenv(CPUS_ENV, "3")
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("250000 100000\n")  # a limit of 2.5 CPUs, rounded up
+    assert usable_cpus(cpu_max) == 3
+    cpu_max.write_text("150000 100000\n")
+    assert usable_cpus(cpu_max) == 2
+    cpu_max.write_text("max 100000\n")  # no limit
+    assert usable_cpus(cpu_max) == 3
 
 
 def test_a_run_says_how_long_deciding_took_and_where(caplog: pytest.LogCaptureFixture) -> None:
