@@ -783,7 +783,9 @@ def judge_colocation(
     gate reads it); ``runner`` runs its simulations (default: inline). A group-keeping
     placement (None: groups are not kept whole) and the verdict: why, whether the run
     still seeds texts (``seed``; False where the co-located sketch ran no slower
-    without), and the waves its simulations ran in.
+    without), and the waves its simulations ran in. A pool larger than the shape
+    planner's replica is judged on a replica first; a "no" there is asked again of the
+    whole pool, whose answer decides (the replica understates co-location's lead).
     """
     spec = config.speculation
     if spec is None or not spec.config.enabled:
