@@ -11,6 +11,14 @@ planning path from (job, pool, tasks) to a running session: ``prepare_job`` and
 from ._answers import expected_answer, extract_answer, same_answer
 from ._colocation import ColocationVerdict, live_colocation
 from ._contract import FAILED_ROWS, is_placeholder, order_rows, placeholder_record
+from ._decided import (
+    DECISIONS_DIR,
+    DecidedRun,
+    DecisionCache,
+    decision_inputs,
+    decision_key,
+    read_decided,
+)
 from ._decisions import CPUS_ENV, ProcessRunner, usable_cpus
 from ._drafts_feed import (
     DraftCorpus,
@@ -166,6 +174,7 @@ __all__ = [
     "ANY_HOST",
     "CPUS_ENV",
     "DATA_ROOT",
+    "DECISIONS_DIR",
     "FAILED_ROWS",
     "GATEWAY_TOKEN_ENV",
     "MAX_REPLY_BYTES",
@@ -180,6 +189,8 @@ __all__ = [
     "Batch",
     "CodeReward",
     "ColocationVerdict",
+    "DecidedRun",
+    "DecisionCache",
     "DraftCorpus",
     "DraftText",
     "DraftsFeed",
@@ -247,6 +258,8 @@ __all__ = [
     "create_gateway_app",
     "create_trainer_app",
     "decide_run",
+    "decision_inputs",
+    "decision_key",
     "die_with_parent",
     "drafts_feed_for",
     "encode_record",
@@ -276,6 +289,7 @@ __all__ = [
     "pool_corpus",
     "prepare_job",
     "prepare_manifests",
+    "read_decided",
     "read_job_tasks",
     "read_output_records",
     "read_records",

@@ -19,8 +19,9 @@ from heddle.scheduler import (
 )
 
 from ._job import LocalJob
+from ._tasks import Task
 
-__all__ = ["PriorSketch", "prior_sketch"]
+__all__ = ["PriorSketch", "prior_sketch", "prompt_tokens"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ def prior_sketch(local: LocalJob, predictor: str) -> PriorSketch:
     records: list[FinishedTrajectory] = []
     trajectories: list[Trajectory] = []
     for i, task in enumerate(local.tasks.tasks):
-        prompt = max(1, sum(len(m["content"]) // 4 for m in task.messages))
+        prompt = prompt_tokens(task)
         for s in range(local.job.samples_per_task):
             t = Trajectory(f"t{i}-{s}", f"t{i}", prompt)
             prediction = model.update(t)
@@ -62,6 +63,11 @@ def prior_sketch(local: LocalJob, predictor: str) -> PriorSketch:
         tool_means = {t.name: _dist_mean(t.latency_s) for t in tools}
         reply_tokens = float(sum(_dist_mean(t.output_tokens) for t in tools) / len(tools))
     return PriorSketch(records, trajectories, tool_means, reply_tokens)
+
+
+def prompt_tokens(task: Task) -> int:
+    """A task's prompt in tokens as the sketch counts it (about four characters each)."""
+    return max(1, sum(len(m["content"]) // 4 for m in task.messages))
 
 
 def _dist_mean(d: Distribution) -> float:

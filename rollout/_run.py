@@ -43,6 +43,7 @@ from ._colocation import (
     live_colocation,
     sim_speculation_for,
 )
+from ._decided import DecidedRun, DecisionCache, PoolPlan, decision_key
 from ._decisions import ProcessRunner
 from ._drafts_feed import DRAFTING_METHODS, DraftsFeed, pool_corpus
 from ._environments import Environment, SyntheticEnvironment, synthetic_tasks
@@ -234,20 +235,6 @@ def perf_model_for(pool: EnginePoolSpec, options: LocalWorkerOptions | None = No
     return PerfModel(MODEL_PRESETS[model], HARDWARE_PRESETS["h100-sxm"])
 
 
-@dataclass(frozen=True)
-class PoolPlan:
-    """What the shape planner decided: the shape, and how to schedule on it.
-
-    ``policy`` is the job's policy, or the step-centric policy the planner fell
-    back to where trajectory scheduling was predicted not to help (then with its
-    in-flight cap, ``max_trajectories_in_flight`` over the whole pool).
-    """
-
-    shape: PoolShape
-    policy: str
-    max_trajectories_in_flight: int | None = None
-
-
 def plan_pool(
     local: LocalJob,
     perf: PerfModel,
@@ -302,12 +289,32 @@ def plan_pool(
 
 
 def decide_run(
-    local: LocalJob, perf: PerfModel, speculation: Speculation | None = None
-) -> tuple[PoolPlan, ColocationVerdict | None, float]:
+    local: LocalJob,
+    perf: PerfModel,
+    speculation: Speculation | None = None,
+    *,
+    earlier: DecidedRun | None = None,
+    cache: DecisionCache | None = None,
+) -> DecidedRun:
     """The run's shape and routing (:func:`plan_pool`), whether it keeps GRPO groups whole
     (:func:`live_colocation`), and the seconds deciding took: each decision's
     simulations side by side on worker processes (:class:`ProcessRunner`). Blocking;
-    the session pod calls it off its loop."""
+    the session pod calls it off its loop.
+
+    Taken instead from ``earlier`` (the pool's last record, already checked) or from
+    ``cache`` where one was kept under the same :func:`decision_key`: the same inputs
+    give the same decisions, so an iteration of a job decided before starts at once
+    (rollout/_decided.py). What is decided here is kept in ``cache``.
+    """
+    key = decision_key(local, perf, speculation)
+    found = earlier if earlier is not None and earlier.key == key else None
+    if found is None and cache is not None:
+        found = cache.get(key, local)
+    if found is not None:
+        log.info("%s: shape %s and co-location reused from an earlier run with the same "
+                 "inputs (deciding took %.1f s then)", local.job.name, found.plan.shape,
+                 found.decided_s)  # fmt: skip
+        return replace(found, reused=True)
     started = time.perf_counter()
     with ProcessRunner() as runner:
         plan = plan_pool(local, perf, speculation, runner)
@@ -319,7 +326,10 @@ def decide_run(
     on = f"{runner.used} worker processes" if runner.used > 1 else "the session's process"
     log.info("%s: shape %s and co-location decided in %.1f s (on %s)", local.job.name,
              plan.shape, took, on)  # fmt: skip
-    return plan, colocation, took
+    decided = DecidedRun(key, plan, colocation, took)
+    if cache is not None:
+        cache.put(decided)
+    return decided
 
 
 def build_environment(local: LocalJob) -> Environment:
@@ -380,10 +390,10 @@ def summary_of(
     result: SessionResult,
     engine: str,
     scheduling: str | None = None,
-    colocation: ColocationVerdict | None = None,
-    decisions_s: float = 0.0,
+    decided: DecidedRun | None = None,
 ) -> dict[str, Any]:
     p = result.progress
+    colocation = None if decided is None else decided.colocation
     policy = get_policy(scheduling or local.job.policy)
     return {
         "job": local.job.name,
@@ -412,8 +422,20 @@ def summary_of(
         },
         "deadline_hit": result.deadline_hit,
         # Seconds the shape planner and the co-location decision took before the pool
-        # started (the simulator charges the same: SimResult.decisions_s).
-        "decisions_s": decisions_s,
+        # started (the simulator charges the same: SimResult.decisions_s); 0 where an
+        # earlier run's were reused ("decisions": its key, and what deciding took then).
+        "decisions_s": 0.0 if decided is None else decided.took_s,
+        **(
+            {
+                "decisions": {
+                    "key": decided.key,
+                    "reused": decided.reused,
+                    "decided_s": decided.decided_s,
+                }
+            }
+            if decided is not None
+            else {}
+        ),
         **({"drafts": result.drafts} if result.drafts is not None else {}),
         # Whether GRPO groups were kept whole (the simulator's decision); absent where it
         # was not asked (speculation off, or one sample per task).
@@ -445,8 +467,12 @@ async def run_local(
     on_gateway: Callable[[str, str], None] | None = None,
     trainer: GatewayOptions | None = None,
     on_trainer: Callable[[str, str], None] | None = None,
+    decisions: DecisionCache | None = None,
 ) -> tuple[dict[str, Any], SessionResult]:
     """Start the pool, run the session, stop the pool (also on error or cancellation).
+
+    ``decisions``: where the start-up decisions are kept and reused from (``heddle run``:
+    ``.heddle/decisions``); None: decided afresh, kept nowhere.
 
     An ``external`` job serves its gateway meanwhile: ``on_gateway(url, token)``
     hears where, and ``OUTPUT.gateway.json`` (readable by its owner only) says it too.
@@ -455,7 +481,8 @@ async def run_local(
     ``OUTPUT.trainer.json`` say where.
     """
     perf = perf_model_for(local.pool, options)
-    plan, colocation, decisions_s = decide_run(local, perf, options.speculation)
+    decided = decide_run(local, perf, options.speculation, cache=decisions)
+    plan, colocation = decided.plan, decided.colocation
     shape = plan.shape
     # Locked and checked before any worker starts: a second run on this output stops here.
     sink = OutputSink(local.output)
@@ -512,7 +539,7 @@ async def run_local(
             await asyncio.shield(served.stop())
             gateway_file(local.output).unlink(missing_ok=True)  # an agent never finds a stale one
         await asyncio.shield(pool.stop())
-    summary = summary_of(local, shape, result, options.engine, plan.policy, colocation, decisions_s)
+    summary = summary_of(local, shape, result, options.engine, plan.policy, decided)
     summary_path = local.output.with_name(local.output.name + ".summary.json")
     try:
         summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

@@ -27,7 +27,13 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from heddle.rollout import GatewayOptions, ProgressPrinter, prepare_job, run_local  # noqa: PLC0415
+    from heddle.rollout import (  # noqa: PLC0415
+        DecisionCache,
+        GatewayOptions,
+        ProgressPrinter,
+        prepare_job,
+        run_local,
+    )
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     local = prepare_job(Path(args.job), Path(args.pool) if args.pool else None, args.job_name)
@@ -75,6 +81,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 on_gateway=_print_gateway(local.job.name, local.pool.model),
                 trainer=trainer,
                 on_trainer=_print_trainer,
+                decisions=DecisionCache(reuse=not args.fresh_decisions),
             )
         )
     finally:
@@ -142,6 +149,18 @@ def _print_summary(s: dict[str, Any]) -> None:
         print(
             f"  scheduling: step-level baseline ({m['ordering']} order, {m['placement']} "
             f"routing, no predictor, no migration); shape {m['shape']} ({m['shape_source']})"
+        )
+    decided = s.get("decisions")
+    if decided is not None and decided["reused"]:
+        print(
+            f"  decisions: shape and co-location reused from an earlier run with the same "
+            f"inputs (deciding took {decided['decided_s']:.1f} s then; --fresh-decisions "
+            "decides again)"
+        )
+    elif decided is not None:
+        print(
+            f"  decisions: decided in {s['decisions_s']:.1f} s, kept for the next run with the "
+            "same inputs"
         )
     d, c = s.get("drafts"), s.get("colocation")
     if d is not None or c is not None:  # the speculation decisions (docs/speculation.md)
@@ -216,6 +235,13 @@ def add_run_parser(sub: Any) -> None:
     )
     p.add_argument("--plot", action="store_true", help="also write a PNG next to the output")
     p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.add_argument(
+        "--fresh-decisions",
+        action="store_true",
+        help="decide the pool's shape and co-location afresh instead of reusing what an "
+        "earlier run with the same inputs decided (kept in .heddle/decisions; "
+        "docs/speculation.md)",
+    )
     p.add_argument(
         "--metrics-port", type=int, default=0, help="serve Prometheus /metrics here while running"
     )

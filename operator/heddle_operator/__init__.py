@@ -47,9 +47,11 @@ from ._operator import (
     run_operator,
 )
 from ._pools import (
+    DECISIONS_KEPT,
     OwnWrites,
     PoolRuntime,
     baseline_shape,
+    kept_decisions,
     reconcile_pool,
 )
 from ._reconcile import (
@@ -93,6 +95,7 @@ from ._tokens import (
 )
 
 __all__ = [
+    "DECISIONS_KEPT",
     "FINISHED",
     "GATEWAY_PORT",
     "MAX_CONDITION_MESSAGE",
@@ -129,6 +132,7 @@ __all__ = [
     "gateway_url",
     "headless_service",
     "instance_name",
+    "kept_decisions",
     "load_configuration",
     "merge_conditions",
     "pod_phase",

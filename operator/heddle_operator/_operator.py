@@ -242,9 +242,10 @@ def build_registry(config: OperatorConfig) -> tuple[kopf.OperatorRegistry, _Stat
 
 
 def _follow_session(runtime: PoolRuntime, jobs: list[dict[str, Any]]) -> dict[str, int]:
-    """Take what the pool's running job published: its planned shape, the checkpoint
-    version per instance, and per instance whether trajectories may still live there
-    (0: the session emptied it, or never used it; a draining instance may go).
+    """Take what the pool's running job published: its planned shape, its start-up
+    decisions (for the next job), the checkpoint version per instance, and per instance
+    whether trajectories may still live there (0: the session emptied it, or never used
+    it; a draining instance may go).
 
     Only a Running job's status counts: a finished job's session is gone, and whatever
     its status says now was not written by a session the operator started for this pool.
@@ -259,6 +260,8 @@ def _follow_session(runtime: PoolRuntime, jobs: list[dict[str, Any]]) -> dict[st
     runtime.weight_versions.update(published.weight_versions or {})
     if published.planned_shape is not None:
         runtime.planned = published.planned_shape
+    if published.decisions is not None:
+        runtime.decisions = dict(published.decisions)
     drained = set(published.drained or ())
     return {
         name: (0 if name in drained else max(1, count))

@@ -106,6 +106,9 @@ class PoolRuntime:
     token: TokenState | None = None  # the pool's worker token as last read
     token_check_at: float = 0.0  # monotonic time it is read again
     foreign: set[str] = field(default_factory=set)  # pods with the pool's label, not its own
+    # The running job's start-up decisions (its status.decisions), kept first in the
+    # pool's status for the next job; None: nothing new (a merge patch keeps the old).
+    decisions: dict[str, Any] | None = None
 
 
 def baseline_shape(pool: EnginePoolSpec) -> PoolShape:
@@ -176,6 +179,20 @@ def _own_pods(
 def endpoint(pod: Mapping[str, Any]) -> str | None:
     ip = (pod.get("status") or {}).get("podIP")
     return f"http://{ip}:{WORKER_PORT}" if ip else None
+
+
+DECISIONS_KEPT = 4  # records in a pool's status.decisions: the latest jobs' distinct keys
+
+
+def kept_decisions(body: Mapping[str, Any], latest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pool's status.decisions with ``latest`` first: one record per key, the most
+    recent :data:`DECISIONS_KEPT` (a job whose prompts straddle two keys finds both)."""
+    earlier = (body.get("status") or {}).get("decisions")
+    others = [
+        dict(r) for r in (earlier if isinstance(earlier, list) else [])
+        if isinstance(r, Mapping) and r.get("key") != latest.get("key")
+    ]  # fmt: skip
+    return [latest, *others][:DECISIONS_KEPT]
 
 
 async def reconcile_pool(
@@ -343,6 +360,8 @@ async def _write_status(
         },
         "instances": instances,
     }
+    if runtime.decisions is not None:
+        status["decisions"] = kept_decisions(body, runtime.decisions)
     comparable = {**status, "conditions": [(c["type"], c["status"], c["message"]) for c in updates]}
     if comparable == runtime.last_status:
         return

@@ -23,7 +23,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from heddle.api import EnginePoolSpec, InstancePhase, JobPhase, RolloutJobSpec
 from heddle.exceptions import CheckpointError, ConfigError, HeddleError, ManifestError
 from heddle.rollout import (
     TRAINER_TOKEN_ENV,
+    DecidedRun,
     ExternalEnvironment,
     Gateway,
     HostAllowList,
@@ -45,11 +46,14 @@ from heddle.rollout import (
     build_session,
     check_tool_hosts,
     decide_run,
+    decision_key,
     job_workload,
     perf_model_for,
+    read_decided,
     read_tasks,
     resolve_job,
 )
+from heddle.scheduler import PerfModel
 from heddle.worker import TOKEN_ENV, WorkerEndpoint
 
 from ._builders import condition, now_iso
@@ -210,10 +214,14 @@ async def _run(
     perf = perf_model_for(pool)
     # Mini-simulations (seconds to a minute, on worker processes): off the loop, which
     # keeps writing the job's status meanwhile.
-    plan, colocation, _ = await asyncio.to_thread(decide_run, local, perf)
-    planned: dict[str, Any] = {}
+    earlier = _earlier_decisions(pool_body, local, perf)
+    decided = await asyncio.to_thread(decide_run, local, perf, earlier=earlier)
+    plan, colocation = decided.plan, decided.colocation
+    # The decisions go to the pool's status through the operator: the next job reuses them.
+    published = SessionPublished(decisions=decided.as_dict())
     if pool.shape is None:  # the operator reshapes the pool to it (docs/operator.md)
-        planned.update(SessionPublished(planned_shape=plan.shape).fields())
+        published = replace(published, planned_shape=plan.shape)
+    planned: dict[str, Any] = published.fields()
     token = os.environ.get(TOKEN_ENV) or None
     workers = ready_workers(pool_body, token)
     # What instances loaded before (an earlier job's checkpoint), so they are not loaded again.
@@ -275,6 +283,25 @@ async def _run(
             await asyncio.shield(served.stop())
         if trainer is not None:
             await asyncio.shield(trainer.stop())
+
+
+def _earlier_decisions(
+    pool_body: Mapping[str, Any], local: LocalJob, perf: PerfModel
+) -> DecidedRun | None:
+    """The pool's kept decisions for this job's inputs (one of its status.decisions, from
+    its latest jobs), checked as untrusted: one that does not hold is logged in one
+    sentence and the job decides afresh."""
+    kept = (pool_body.get("status") or {}).get("decisions")
+    key = decision_key(local, perf)
+    name = (pool_body.get("metadata") or {}).get("name", "?")
+    for data in kept if isinstance(kept, list) else []:
+        if isinstance(data, Mapping) and data.get("key") == key:
+            try:
+                return read_decided(data, local, f"EnginePool {name} status.decisions")
+            except ConfigError as exc:
+                log.warning("%s; deciding afresh", str(exc).split("\n", 1)[0])
+                return None
+    return None
 
 
 async def _drive(

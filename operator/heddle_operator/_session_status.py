@@ -28,6 +28,8 @@ class SessionPublished:
     drained: tuple[str, ...] | None = None  # draining instances it emptied and stopped using
     weight_versions: Mapping[str, str] | None = None  # the checkpoint each instance loaded
     replans: int | None = None  # placement re-plans so far (spec.scheduling.replanInterval...)
+    # Its start-up decisions as kept (DecidedRun.as_dict; the pool's status.decisions).
+    decisions: Mapping[str, Any] | None = None
 
     def fields(self) -> dict[str, Any]:
         """The status fields, by their names in the CRD."""
@@ -42,6 +44,8 @@ class SessionPublished:
             out["weightVersions"] = dict(self.weight_versions)
         if self.replans is not None:
             out["replans"] = self.replans
+        if self.decisions is not None:
+            out["decisions"] = dict(self.decisions)
         return out
 
     @classmethod
@@ -52,6 +56,7 @@ class SessionPublished:
         drained = status.get("drained")
         versions = status.get("weightVersions")
         replans = status.get("replans")
+        decisions = status.get("decisions")
         return cls(
             planned_shape=(
                 PoolShape.of({int(e["tp"]): int(e["replicas"]) for e in entries})
@@ -66,4 +71,6 @@ class SessionPublished:
                 {str(k): str(v) for k, v in versions.items()} if versions is not None else None
             ),
             replans=int(replans) if replans is not None else None,
+            # Passed on as written: the session that reads it back checks it (read_decided).
+            decisions=dict(decisions) if isinstance(decisions, Mapping) else None,
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heddle.operator import OwnWrites, PodView, pool_actions
+from heddle.operator import DECISIONS_KEPT, OwnWrites, PodView, kept_decisions, pool_actions
 from heddle.scheduler import PoolShape
 
 
@@ -100,3 +100,16 @@ def test_own_writes_give_up_standing_in_after_their_wait() -> None:
     writes = OwnWrites(wait_s=0.0)
     writes.note(None, _pod("c", "3"), "c")
     assert writes.over([]) == [] and writes.entries == {}
+
+
+def test_a_pool_keeps_its_latest_decisions_one_per_key() -> None:
+    def record(key: str) -> dict[str, str]:
+        return {"key": key, "policy": "heddle"}
+
+    body = {"status": {"decisions": [record("b"), "not a record", record("a"), record("c")]}}
+    # The latest first; its key's older record gone; what is not a record dropped.
+    assert kept_decisions(body, record("a")) == [record("a"), record("b"), record("c")]
+    assert kept_decisions({}, record("a")) == [record("a")]
+    many = {"status": {"decisions": [record(str(i)) for i in range(10)]}}
+    kept = kept_decisions(many, record("new"))
+    assert len(kept) == DECISIONS_KEPT and kept[:2] == [record("new"), record("0")]

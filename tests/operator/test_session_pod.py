@@ -219,7 +219,7 @@ async def test_a_session_pod_that_cannot_start_is_reported_in_one_sentence(
         assert (await c.get("rolloutjobs", "img"))["status"]["phase"] != "Succeeded"
 
 
-async def test_the_sessions_planned_shape_reshapes_the_pool_through_status(
+async def test_the_sessions_planned_shape_and_decisions_reach_the_pool_through_status(
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "out.jsonl"
@@ -249,6 +249,24 @@ async def test_the_sessions_planned_shape_reshapes_the_pool_through_status(
         assert obj["status"]["phase"] == "Succeeded", obj["status"]
         assert_exactly_once(read_records(out), KEYS)
         assert max(c.kubelet.budget_log) <= 4, c.kubelet.budget_log
+        # Its decisions, published in its status, are kept in the pool's status ...
+        first = obj["status"]["decisions"]
+        assert first["reused"] is False and first["shape"] == shape
+        kept = (await c.get("enginepools", "p"))["status"]["decisions"]
+        assert kept == [first]
+
+        # ... and the next iteration of the job (new output, same inputs) takes them
+        # from there instead of simulating again.
+        again = tmp_path / "again.jsonl"
+        await c.apply(job("j2", "p", again))
+        obj = await _finished(c, "j2")
+        assert obj["status"]["phase"] == "Succeeded", obj["status"]
+        second = obj["status"]["decisions"]
+        assert second["reused"] is True and second["key"] == first["key"], second
+        assert second["shape"] == first["shape"] == obj["status"]["plannedShape"]
+        assert_exactly_once(read_records(again), KEYS)
+        kept = (await c.get("enginepools", "p"))["status"]["decisions"]
+        assert [r["key"] for r in kept] == [first["key"]]  # one record per key
 
 
 async def test_an_external_job_serves_its_gateway_from_the_session_pod(tmp_path: Path) -> None:

@@ -130,7 +130,8 @@ def test_a_run_says_how_long_deciding_took_and_where(caplog: pytest.LogCaptureFi
     example = Path(__file__).parents[2] / "examples" / "synthetic"
     local = prepare_job(example / "job.yaml", example / "pool.yaml")
     with caplog.at_level(logging.INFO, "heddle.run"):
-        plan, colocation, took = decide_run(local, perf_model_for(local.pool))
+        decided = decide_run(local, perf_model_for(local.pool))
+    plan, colocation, took = decided.plan, decided.colocation, decided.took_s
     assert plan.shape == local.pool.shape and colocation is None  # pinned; no speculation
     (said,) = [r.getMessage() for r in caplog.records if "decided in" in r.getMessage()]
     assert said.startswith("synthetic: shape 2xTP1 and co-location decided in")

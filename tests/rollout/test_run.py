@@ -93,6 +93,34 @@ def test_tools_job_with_malformed_tasks(tmp_path: Path, tool_server: ToolServer)
     assert len(tool_server.calls) == 2
 
 
+def test_the_next_run_of_a_job_reuses_its_decisions(tmp_path: Path) -> None:
+    # The synthetic example with its shape left to the planner, run as the next
+    # training iteration would be: the same job, another output.
+    for name in ("job.yaml", "workload.yaml"):
+        (tmp_path / name).write_text((QUICK / name).read_text())
+    pool = yaml.safe_load((QUICK / "pool.yaml").read_text())
+    del pool["spec"]["shape"]
+    (tmp_path / "pool.yaml").write_text(yaml.safe_dump(pool))
+    runs = {}
+    for output, extra in (("first", ()), ("second", ()), ("third", ("--fresh-decisions",))):
+        proc = _heddle("run", "job.yaml", "--pool", "pool.yaml", "--engine", "sim",
+                       "--time-scale", "0.2", "--quiet", "--output", f"out/{output}.jsonl",
+                       *extra, cwd=tmp_path)  # fmt: skip
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out
+        summary = json.loads((tmp_path / "out" / f"{output}.jsonl.summary.json").read_text())
+        runs[output] = (summary, out)
+    first, second, third = (runs[k][0] for k in ("first", "second", "third"))
+    assert first["mechanisms"]["shape_source"] == "planned"
+    assert not first["decisions"]["reused"] and "kept for the next run" in runs["first"][1]
+    assert second["decisions"]["reused"] and second["decisions_s"] == 0.0
+    assert second["decisions"]["key"] == first["decisions"]["key"]
+    assert second["pool"]["shape"] == first["pool"]["shape"]
+    assert "reused from an earlier run with the same inputs" in runs["second"][1]
+    assert not third["decisions"]["reused"]  # --fresh-decisions
+    assert (tmp_path / ".heddle" / "decisions" / f"{first['decisions']['key']}.json").is_file()
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for entry in Path("/proc").iterdir():

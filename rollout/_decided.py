@@ -1,0 +1,262 @@
+"""The start-up decisions, kept so that the next iteration of the same job reuses them.
+
+A session decides its pool's shape and routing (the shape planner) and whether GRPO
+groups stay whole (the co-location verdict) by mini-simulations of what the predictor's
+prior expects of the job (rollout/_prior.py): 5-30 s at the paper's scale, during which
+no step is routed. Those inputs do not change from one training iteration to the next:
+the prior does not learn from earlier rollouts, and the new weights of an iteration
+reach no decision. So a session records its decisions under a key of everything they
+read (:func:`decision_inputs`), and a later session whose key matches takes them
+instead of simulating again: the first RolloutJob of a job template pays for deciding,
+the iterations after it start at once (docs/speculation.md, "What the decision costs").
+
+Kept where the next session finds them: under ``.heddle/decisions`` for ``heddle run``
+(:class:`DecisionCache`), in the EnginePool's ``status.decisions`` on a cluster (the
+operator copies it from the job's status). What is read back is untrusted: a record
+that is malformed, or names a shape its pool cannot run, is set aside with one
+sentence in the log, and the session decides afresh.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import heddle.scheduler as scheduler_package
+import heddle.worker as worker_package
+from heddle.exceptions import ConfigError
+from heddle.scheduler import PerfModel, PoolShape, get_policy
+from heddle.worker import Speculation
+
+from ._colocation import ColocationVerdict
+from ._job import LocalJob
+from ._prior import prompt_tokens
+
+__all__ = [
+    "DECISIONS_DIR",
+    "DECISIONS_FORMAT",
+    "DecidedRun",
+    "DecisionCache",
+    "PoolPlan",
+    "decision_inputs",
+    "decision_key",
+    "read_decided",
+]
+
+log = logging.getLogger("heddle.run")
+
+DECISIONS_FORMAT = "heddle.decisions/v1"
+DECISIONS_DIR = Path(".heddle/decisions")  # heddle run's, beside its logs and models
+# Prompts enter the key by their mean length on a 5% grid: the next iteration's batch of
+# prompts differs in content, not in what the sketch does with them (prefill and KV).
+PROMPT_GRID = 1.05
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """What the shape planner decided: the shape, and how to schedule on it.
+
+    ``policy`` is the job's policy, or the step-centric policy the planner fell
+    back to where trajectory scheduling was predicted not to help (then with its
+    in-flight cap, ``max_trajectories_in_flight`` over the whole pool).
+    """
+
+    shape: PoolShape
+    policy: str
+    max_trajectories_in_flight: int | None = None
+
+
+@dataclass(frozen=True)
+class DecidedRun:
+    """A session's start-up decisions and what they were decided on.
+
+    ``key``: :func:`decision_key` of the inputs; ``decided_s``: the seconds deciding took
+    when it was done; ``reused``: taken from an earlier session with the same key (this
+    session spent no time deciding).
+    """
+
+    key: str
+    plan: PoolPlan
+    colocation: ColocationVerdict | None
+    decided_s: float
+    reused: bool = field(default=False, compare=False)
+
+    @property
+    def took_s(self) -> float:
+        """What deciding cost this session: nothing where the decisions were reused."""
+        return 0.0 if self.reused else self.decided_s
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record as kept (summary.json's ``decisions``, the pool's status.decisions)."""
+        plan = self.plan
+        out: dict[str, Any] = {
+            "format": DECISIONS_FORMAT,
+            "key": self.key,
+            "shape": [{"tp": tp, "replicas": n} for tp, n in plan.shape.counts],
+            "policy": plan.policy,
+            "decidedSeconds": round(self.decided_s, 3),
+            "reused": self.reused,  # by the session that wrote it (read back: ignored)
+        }
+        # Absent rather than null where not decided (the CRDs' status schemas).
+        if plan.max_trajectories_in_flight is not None:
+            out["maxTrajectoriesInFlight"] = plan.max_trajectories_in_flight
+        if self.colocation is not None:
+            out["colocation"] = self.colocation.as_dict()
+        return out
+
+
+def prompt_bucket(mean_tokens: float) -> int:
+    """The mean prompt length's step on the :data:`PROMPT_GRID` (log scale)."""
+    return round(math.log(max(mean_tokens, 1.0)) / math.log(PROMPT_GRID))
+
+
+def decision_inputs(
+    local: LocalJob, perf: PerfModel, speculation: Speculation | None = None
+) -> dict[str, Any]:
+    """Everything the shape planner and the co-location verdict read, as plain data:
+    the job's limits, policy and group size, its tasks (their number, and their prompts'
+    mean length on a 5% grid), the synthetic workload's tools, the pool, its
+    speculation, the performance model, and the decision code itself."""
+    job, pool = local.job, local.pool
+    prompts = [prompt_tokens(task) for task in local.tasks.tasks]
+    tools: list[Any] = []
+    if local.workload is not None:
+        tools = [repr(t) for t in local.workload.tools]
+    return {
+        "code": _code_digest(),
+        "policy": job.policy,
+        "samples_per_task": job.samples_per_task,
+        "max_total_tokens": job.sampling.max_total_tokens,
+        "max_turns": job.max_turns,
+        "tasks": len(prompts),
+        "prompt_bucket": prompt_bucket(sum(prompts) / len(prompts)) if prompts else 0,
+        "tools": tools,
+        "pool": {
+            "gpus": pool.gpus,
+            "gpus_per_node": pool.gpus_per_node,
+            "tensor_parallel_sizes": list(pool.tensor_parallel_sizes),
+            "shape": None if pool.shape is None else str(pool.shape),
+            "model": pool.model,
+        },
+        "speculation": repr(speculation or pool.speculation),
+        "perf": repr(perf),
+    }
+
+
+def decision_key(local: LocalJob, perf: PerfModel, speculation: Speculation | None = None) -> str:
+    """A digest of :func:`decision_inputs`: equal keys, equal decisions."""
+    text = json.dumps(decision_inputs(local, perf, speculation), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+@cache
+def _code_digest() -> str:
+    """The decision code's source (the scheduler and rollout packages, and the worker's
+    speculation modules the verdict reads its acceptance from): a changed Heddle decides
+    again rather than reuse an older one's answer."""
+    files = sorted(Path(scheduler_package.__file__).parent.rglob("*.py"))
+    files += sorted(Path(__file__).parent.glob("*.py"))
+    files += sorted(Path(worker_package.__file__).parent.glob("*speculation*.py"))
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def read_decided(data: Any, local: LocalJob, where: str) -> DecidedRun:
+    """A kept record, checked as untrusted input: its fields' types, a known policy, and
+    a shape that fits the pool (budget, nodes, allowed TP sizes); raises
+    :class:`ConfigError` with one sentence naming ``where`` and what is wrong."""
+    if not isinstance(data, Mapping) or data.get("format") != DECISIONS_FORMAT:
+        raise ConfigError(f"{where}: not a decisions record (expected format {DECISIONS_FORMAT})")
+    key, policy, cap = data.get("key"), data.get("policy"), data.get("maxTrajectoriesInFlight")
+    entries, decided = data.get("shape"), data.get("decidedSeconds")
+    if not isinstance(key, str) or not isinstance(policy, str):
+        raise ConfigError(f"{where}: 'key' and 'policy' must be strings")
+    if not isinstance(entries, list) or not all(
+        isinstance(e, Mapping) and _count(e.get("tp")) and _count(e.get("replicas"))
+        for e in entries
+    ):
+        raise ConfigError(f"{where}: 'shape' must be a list of {{tp, replicas}} counts")
+    if cap is not None and not _count(cap):
+        raise ConfigError(f"{where}: 'maxTrajectoriesInFlight' must be a positive count")
+    if not isinstance(decided, (int, float)) or isinstance(decided, bool) or not decided >= 0:
+        raise ConfigError(f"{where}: 'decidedSeconds' must be a number of seconds")
+    get_policy(policy)  # one sentence listing the policies if unknown
+    shape = PoolShape.of({int(e["tp"]): int(e["replicas"]) for e in entries})
+    pool = local.pool
+    shape.validate(pool.gpus, pool.gpus_per_node, pool.tensor_parallel_sizes)
+    if pool.shape is not None and shape != pool.shape:
+        raise ConfigError(f"{where}: shape {shape} is not the pool's pinned {pool.shape}")
+    return DecidedRun(key, PoolPlan(shape, policy, cap), _verdict(data, where), float(decided))
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _verdict(data: Mapping[str, Any], where: str) -> ColocationVerdict | None:
+    c = data.get("colocation")
+    if c is None:
+        return None
+    if not (
+        isinstance(c, Mapping)
+        and isinstance(c.get("colocate"), bool)
+        and isinstance(c.get("reason"), str)
+        and isinstance(c.get("seed", True), bool)
+    ):
+        raise ConfigError(f"{where}: 'colocation' must be {{colocate, reason, seed}}")
+    return ColocationVerdict(c["colocate"], c["reason"], c.get("seed", True))
+
+
+class DecisionCache:
+    """``heddle run``'s kept decisions: one JSON file per key in ``folder``; ``reuse``
+    False (``--fresh-decisions``): nothing is read back, what is decided is kept."""
+
+    def __init__(self, folder: Path = DECISIONS_DIR, *, reuse: bool = True) -> None:
+        self.folder = folder
+        self.reuse = reuse
+
+    def get(self, key: str, local: LocalJob) -> DecidedRun | None:
+        """The record kept under ``key``, or None (none kept, or one set aside as bad)."""
+        path = self.folder / f"{key}.json"
+        if not self.reuse:
+            return None
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("decisions %s not read (%s); deciding afresh", path, exc.strerror)
+            return None
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            log.warning("decisions %s are not JSON (%s); deciding afresh", path, exc)
+            return None
+        try:
+            found = read_decided(data, local, str(path))
+        except ConfigError as exc:
+            log.warning("%s; deciding afresh", str(exc).split("\n", 1)[0])
+            return None
+        return found if found.key == key else None
+
+    def put(self, decided: DecidedRun) -> None:
+        """Keep ``decided`` (written whole, then renamed: a reader never sees half)."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            path = self.folder / f"{decided.key}.json"
+            partial = path.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_text(json.dumps(decided.as_dict(), indent=1) + "\n")
+            partial.replace(path)
+        except OSError as exc:  # a read-only folder costs the next run its decisions only
+            log.warning("decisions not kept in %s (%s)", self.folder, exc.strerror)

@@ -1,0 +1,181 @@
+"""The start-up decisions are kept, and the next iteration of the same job reuses them.
+
+The synthetic example (64 trajectories on two GPUs) with its shape unpinned and the
+workers drafting with ``suffix`` stands in for a job whose session decides both its
+shape and co-location; its mini-simulations take a second or two here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from heddle.exceptions import ConfigError
+from heddle.rollout import (
+    DecidedRun,
+    DecisionCache,
+    LocalJob,
+    decide_run,
+    decision_key,
+    perf_model_for,
+    prepare_job,
+    read_decided,
+)
+from heddle.worker import Speculation
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "synthetic"
+SUFFIX = Speculation.of("suffix", 4)
+
+
+@pytest.fixture
+def unpinned() -> LocalJob:
+    """The example job on its pool with no pinned shape, drafting with suffix decoding."""
+    local = prepare_job(EXAMPLE / "job.yaml", EXAMPLE / "pool.yaml")
+    return replace(local, pool=replace(local.pool, shape=None, speculation=SUFFIX))
+
+
+def _key(local: LocalJob) -> str:
+    return decision_key(local, perf_model_for(local.pool))
+
+
+class TestTheKey:
+    def test_what_an_iteration_changes_leaves_the_key_alone(self, unpinned: LocalJob) -> None:
+        # A new iteration: another name, output and checkpoint, other prompts of about
+        # the same length (the mean within the 5% grid).
+        tasks = [
+            replace(t, messages=[{"role": "user", "content": "y" * len(t.messages[0]["content"])}])
+            for t in unpinned.tasks.tasks
+        ]
+        later = replace(
+            unpinned,
+            job=replace(unpinned.job, name="iteration-2"),
+            output=unpinned.output.with_name("iteration-2.jsonl"),
+            tasks=replace(unpinned.tasks, tasks=tasks),
+        )
+        assert _key(later) == _key(unpinned)
+
+    def test_each_input_of_the_decisions_changes_it(self, unpinned: LocalJob) -> None:
+        job, pool, tasks = unpinned.job, unpinned.pool, unpinned.tasks
+        longer = [
+            replace(t, messages=[{"role": "user", "content": "z" * 4000}]) for t in tasks.tasks
+        ]
+        changed = [
+            replace(unpinned, job=replace(job, samples_per_task=8)),
+            replace(unpinned, job=replace(job, policy="verl")),
+            replace(unpinned, job=replace(job, max_turns=4)),
+            replace(unpinned, job=replace(job, sampling=replace(job.sampling,
+                                                                max_total_tokens=6000))),
+            replace(unpinned, pool=replace(pool, gpus=1, tensor_parallel_sizes=(1,))),
+            replace(unpinned, pool=replace(pool, speculation=Speculation.of("ngram", 4))),
+            replace(unpinned, tasks=replace(tasks, tasks=tasks.tasks[:-1])),
+            replace(unpinned, tasks=replace(tasks, tasks=longer)),
+            replace(unpinned, workload=None),
+        ]  # fmt: skip
+        keys = {_key(c) for c in changed}
+        assert len(keys) == len(changed) and _key(unpinned) not in keys
+
+
+class TestReuse:
+    def test_the_next_run_takes_the_kept_decisions_and_spends_nothing(
+        self, unpinned: LocalJob, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        perf = perf_model_for(unpinned.pool)
+        cache = DecisionCache(tmp_path / "decisions")
+        first = decide_run(unpinned, perf, cache=cache)
+        assert not first.reused and first.took_s == first.decided_s > 0.0
+        assert first.colocation is not None  # both decisions were asked
+        (kept,) = (tmp_path / "decisions").iterdir()
+        assert kept.name == f"{first.key}.json"
+        with caplog.at_level(logging.INFO, "heddle.run"):
+            second = decide_run(unpinned, perf, cache=cache)
+        assert second.reused and second.took_s == 0.0
+        assert (second.key, second.plan, second.colocation) == (
+            first.key, first.plan, first.colocation
+        )  # fmt: skip
+        assert any("reused from an earlier run" in r.getMessage() for r in caplog.records)
+
+    def test_fresh_decides_again_and_keeps_the_new_answer(
+        self, unpinned: LocalJob, tmp_path: Path
+    ) -> None:
+        perf = perf_model_for(unpinned.pool)
+        folder = tmp_path / "decisions"
+        first = decide_run(unpinned, perf, cache=DecisionCache(folder))
+        fresh = decide_run(unpinned, perf, cache=DecisionCache(folder, reuse=False))
+        assert not fresh.reused and fresh.plan == first.plan
+        kept = json.loads((folder / f"{fresh.key}.json").read_text())
+        assert kept["decidedSeconds"] == round(fresh.decided_s, 3)
+
+    def test_a_pools_record_is_taken_only_under_the_same_key(self, unpinned: LocalJob) -> None:
+        perf = perf_model_for(unpinned.pool)
+        decided = decide_run(unpinned, perf)
+        record = read_decided(decided.as_dict(), unpinned, "status.decisions")
+        assert decide_run(unpinned, perf, earlier=record).reused
+        other = replace(record, key="another job's inputs")
+        assert not decide_run(unpinned, perf, earlier=other).reused
+
+
+class TestUntrustedRecords:
+    def _record(self, local: LocalJob) -> dict[str, object]:
+        plan_shape = [{"tp": 1, "replicas": 2}]
+        return {"format": "heddle.decisions/v1", "key": _key(local), "shape": plan_shape,
+                "policy": "heddle", "decidedSeconds": 1.5,
+                "colocation": {"colocate": True, "reason": "kept", "seed": True}}  # fmt: skip
+
+    def test_a_good_record_reads_back(self, unpinned: LocalJob) -> None:
+        run = read_decided(self._record(unpinned), unpinned, "here")
+        assert isinstance(run, DecidedRun) and str(run.plan.shape) == "2xTP1"
+        assert run.colocation is not None and run.colocation.colocate
+
+    @pytest.mark.parametrize(
+        ("change", "said"),
+        [
+            ({"format": "v0"}, "not a decisions record"),
+            ({"key": 7}, "'key' and 'policy' must be strings"),
+            ({"shape": [{"tp": 1}]}, "'shape' must be a list"),
+            ({"shape": [{"tp": 2, "replicas": 4}]}, "needs 8 GPUs but the budget is 2"),
+            ({"shape": [{"tp": 4, "replicas": 1}]}, "uses TP4"),
+            ({"policy": "mine"}, "mine"),
+            ({"maxTrajectoriesInFlight": 0}, "positive count"),
+            ({"decidedSeconds": "soon"}, "number of seconds"),
+            ({"colocation": {"colocate": "yes"}}, "'colocation' must be"),
+        ],
+    )
+    def test_a_bad_record_is_refused_in_one_sentence(
+        self, unpinned: LocalJob, change: dict[str, object], said: str
+    ) -> None:
+        with pytest.raises(ConfigError) as refused:
+            read_decided({**self._record(unpinned), **change}, unpinned, "status.decisions")
+        assert said in str(refused.value) and "\n" not in str(refused.value)
+
+    def test_a_bad_kept_file_is_set_aside_and_decided_afresh(
+        self, unpinned: LocalJob, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        perf = perf_model_for(unpinned.pool)
+        folder = tmp_path / "decisions"
+        folder.mkdir()
+        key = decision_key(unpinned, perf)
+        for text in ("{not json", json.dumps({**self._record(unpinned), "shape": "all"})):
+            (folder / f"{key}.json").write_text(text)
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, "heddle.run"):
+                decided = decide_run(unpinned, perf, cache=DecisionCache(folder))
+            assert not decided.reused
+            (warned,) = [r.getMessage() for r in caplog.records]
+            assert str(folder) in warned and warned.endswith("deciding afresh")
+        # The fresh answer replaced the bad file: the next run reuses it.
+        assert decide_run(unpinned, perf, cache=DecisionCache(folder)).reused
+
+    def test_a_folder_that_cannot_be_written_costs_only_the_reuse(
+        self, unpinned: LocalJob, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        blocked = tmp_path / "file"
+        blocked.write_text("")  # a file where the folder should be
+        with caplog.at_level(logging.WARNING, "heddle.run"):
+            decided = decide_run(unpinned, perf_model_for(unpinned.pool),
+                                 cache=DecisionCache(blocked / "decisions"))  # fmt: skip
+        assert not decided.reused
+        assert any("decisions not kept" in r.getMessage() for r in caplog.records)
