@@ -32,7 +32,7 @@ from typing import Any
 
 import heddle.scheduler as scheduler_package
 import heddle.worker as worker_package
-from heddle.exceptions import ConfigError
+from heddle.exceptions import ConfigError, HeddleError
 from heddle.scheduler import PerfModel, PoolShape, get_policy
 from heddle.worker import Speculation
 
@@ -191,10 +191,13 @@ def read_decided(data: Any, local: LocalJob, where: str) -> DecidedRun:
         raise ConfigError(f"{where}: 'maxTrajectoriesInFlight' must be a positive count")
     if not isinstance(decided, (int, float)) or isinstance(decided, bool) or not decided >= 0:
         raise ConfigError(f"{where}: 'decidedSeconds' must be a number of seconds")
-    get_policy(policy)  # one sentence listing the policies if unknown
-    shape = PoolShape.of({int(e["tp"]): int(e["replicas"]) for e in entries})
     pool = local.pool
-    shape.validate(pool.gpus, pool.gpus_per_node, pool.tensor_parallel_sizes)
+    try:
+        get_policy(policy)  # one sentence listing the policies if unknown
+        shape = PoolShape.of({int(e["tp"]): int(e["replicas"]) for e in entries})
+        shape.validate(pool.gpus, pool.gpus_per_node, pool.tensor_parallel_sizes)
+    except HeddleError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     if pool.shape is not None and shape != pool.shape:
         raise ConfigError(f"{where}: shape {shape} is not the pool's pinned {pool.shape}")
     return DecidedRun(key, PoolPlan(shape, policy, cap), _verdict(data, where), float(decided))

@@ -363,7 +363,12 @@ async def _write_status(
     if runtime.decisions is not None:
         status["decisions"] = kept_decisions(body, runtime.decisions)
     comparable = {**status, "conditions": [(c["type"], c["status"], c["message"]) for c in updates]}
-    if comparable == runtime.last_status:
+    # The kept decisions are compared with what the status holds now, not with what the
+    # operator last wrote: a record put there by someone else is replaced all the same.
+    current_decisions = (body.get("status") or {}).get("decisions")
+    if comparable == runtime.last_status and status.get("decisions", current_decisions) == (
+        current_decisions
+    ):
         return
     current = (body.get("status") or {}).get("conditions", [])
     status["conditions"] = merge_conditions(

@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from heddle.api import PodPolicy
+from heddle.api import LABEL_JOB, PodPolicy
 from heddle.operator import run_operator
 
 from ._cluster import ADMIN_HEADER
 from ._operator_fixture import FAST, Cluster, cluster, job, path, pool, wait_for
+from .test_operator import _finished
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # slow: real processes, see pyproject
 
@@ -305,6 +306,58 @@ async def test_a_finished_jobs_status_does_not_steer_the_pool(tmp_path: Path) ->
             "p-tp1-0", "p-tp1-1"
         ]  # fmt: skip
         assert (await c.get("rolloutjobs", "old"))["status"]["phase"] == "Succeeded"
+
+
+async def test_a_forged_kept_decision_is_set_aside_and_the_job_decides_afresh(
+    tmp_path: Path,
+) -> None:
+    """The decisions a pool keeps for its next job (status.decisions) are read back as
+    untrusted: one written there beyond the pool's budget, under the very key the next
+    job computes, must not reach its session's plan."""
+    async with cluster(tmp_path) as c:
+        # The key: a job run once on a pool of the same spec (the key names no pool).
+        await c.apply(pool("q", 2, tensorParallelSizes=[1, 2]))
+        await c.apply(job("probe", "q", tmp_path / "probe.jsonl"))
+        done = await _finished(c, "probe")
+        assert done["status"]["phase"] == "Succeeded", done["status"]
+        key = done["status"]["decisions"]["key"]
+        # A pool no job has run on: the operator keeps no record of its own there.
+        await c.apply(pool("p", 2, tensorParallelSizes=[1, 2]))
+        forged = {**done["status"]["decisions"], "shape": [{"tp": 2, "replicas": 4}]}
+        reply = await c.http.patch(
+            path("enginepools", "p", "status"), json={"status": {"decisions": [forged]}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )  # fmt: skip
+        assert reply.status_code == 200, reply.text
+        await c.apply(job("next", "p", tmp_path / "next.jsonl"))
+        done = await _finished(c, "next")
+        assert done["status"]["phase"] == "Succeeded", done["status"]
+        decided = done["status"]["decisions"]
+        assert decided["key"] == key and decided["reused"] is False
+        assert sum(e["tp"] * e["replicas"] for e in decided["shape"]) <= 2
+        # Its session saw the forged record and said why it set it aside.
+        said = "".join(
+            (c.kubelet.log_dir / f"{p['metadata']['name']}.log").read_text()
+            for p in await c.list("pods")
+            if (p["metadata"].get("labels") or {}).get(LABEL_JOB) == "next"
+        )
+        assert "EnginePool p status.decisions: shape 4xTP2 needs 8 GPUs" in said, said
+        assert "deciding afresh" in said
+
+        # The fresh record replaces the forged one under that key (the operator copies
+        # it from the job's status on its next round).
+        async def replaced() -> list[dict[str, Any]] | None:
+            kept = (await c.get("enginepools", "p"))["status"]["decisions"]
+            return kept if kept[0]["shape"] == decided["shape"] else None
+
+        assert len(await wait_for(replaced, 30, "the forged record replaced")) == 1
+        # Written over again once the operator keeps a record of its own: it restores it.
+        reply = await c.http.patch(
+            path("enginepools", "p", "status"), json={"status": {"decisions": [forged]}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )  # fmt: skip
+        assert reply.status_code == 200, reply.text
+        assert len(await wait_for(replaced, 30, "the operator's record restored")) == 1
 
 
 async def test_the_crd_refuses_credentials_in_args_and_unbounded_retries(tmp_path: Path) -> None:

@@ -149,7 +149,9 @@ class TestUntrustedRecords:
     ) -> None:
         with pytest.raises(ConfigError) as refused:
             read_decided({**self._record(unpinned), **change}, unpinned, "status.decisions")
-        assert said in str(refused.value) and "\n" not in str(refused.value)
+        said_in_full = str(refused.value)
+        assert said_in_full.startswith("status.decisions: ") and said in said_in_full
+        assert "\n" not in said_in_full
 
     def test_a_bad_kept_file_is_set_aside_and_decided_afresh(
         self, unpinned: LocalJob, tmp_path: Path, caplog: pytest.LogCaptureFixture
