@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from heddle.exceptions import OutputError, RolloutFailedError
-from heddle.rollout import DecisionCache, LocalJob, LocalWorkerOptions, Progress, run_local
+from heddle.rollout import (
+    DecisionCache,
+    LocalJob,
+    LocalWorkerOptions,
+    PreviousRollouts,
+    Progress,
+    run_local,
+)
 
 if TYPE_CHECKING:  # the Kubernetes client (and kopf) load only when a cluster run starts
     from heddle.operator import KubeClient
@@ -70,7 +77,8 @@ class InProcessRun:
         self._total = len(local.tasks.tasks) * local.job.samples_per_task
         self._last: Progress | None = None
         # As `heddle run`: an iteration decided before starts at once (rollout/_decided.py).
-        run = run_local(local, options, on_progress=self._progress, decisions=DecisionCache())
+        run = run_local(local, options, on_progress=self._progress, decisions=DecisionCache(),
+                        history=PreviousRollouts())  # fmt: skip
         self._task = asyncio.create_task(run)
 
     def _progress(self, p: Progress) -> None:

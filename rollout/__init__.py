@@ -12,7 +12,6 @@ from ._answers import expected_answer, extract_answer, same_answer
 from ._colocation import ColocationVerdict, live_colocation
 from ._contract import FAILED_ROWS, is_placeholder, order_rows, placeholder_record
 from ._decided import (
-    DECISIONS_DIR,
     DecidedRun,
     DecisionCache,
     decision_inputs,
@@ -106,6 +105,14 @@ from ._presets import (
     load_cluster,
     load_workload,
 )
+from ._previous import (
+    HISTORY_DIR,
+    STATE_DIR_ENV,
+    PreviousRollouts,
+    finished_records,
+    read_history,
+    state_dir,
+)
 from ._progress import (
     Progress,
     SessionMetrics,
@@ -174,10 +181,11 @@ __all__ = [
     "ANY_HOST",
     "CPUS_ENV",
     "DATA_ROOT",
-    "DECISIONS_DIR",
     "FAILED_ROWS",
     "GATEWAY_TOKEN_ENV",
+    "HISTORY_DIR",
     "MAX_REPLY_BYTES",
+    "STATE_DIR_ENV",
     "TINY",
     "TINY_DIR",
     "TRAINERS",
@@ -217,6 +225,7 @@ __all__ = [
     "OutputSink",
     "ParsedCalls",
     "PoolPlan",
+    "PreviousRollouts",
     "ProcessRunner",
     "Progress",
     "ProgressPrinter",
@@ -268,6 +277,7 @@ __all__ = [
     "export_rows",
     "extract_answer",
     "extract_code",
+    "finished_records",
     "gateway_file",
     "guarded_client",
     "is_placeholder",
@@ -290,6 +300,7 @@ __all__ = [
     "prepare_job",
     "prepare_manifests",
     "read_decided",
+    "read_history",
     "read_job_tasks",
     "read_output_records",
     "read_records",
@@ -303,6 +314,7 @@ __all__ = [
     "serve_trainer",
     "session_config_for",
     "split_trainer_row",
+    "state_dir",
     "step_seed",
     "synthetic_tasks",
     "trace_path",

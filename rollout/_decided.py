@@ -1,14 +1,15 @@
-"""The start-up decisions, kept so that the next iteration of the same job reuses them.
+"""The start-up decisions, kept so that a job with the same inputs reuses them.
 
 A session decides its pool's shape and routing (the shape planner) and whether GRPO
-groups stay whole (the co-location verdict) by mini-simulations of what the predictor's
-prior expects of the job (rollout/_prior.py): 5-30 s at the paper's scale, during which
-no step is routed. Those inputs do not change from one training iteration to the next:
-the prior does not learn from earlier rollouts, and the new weights of an iteration
-reach no decision. So a session records its decisions under a key of everything they
-read (:func:`decision_inputs`), and a later session whose key matches takes them
-instead of simulating again: the first RolloutJob of a job template pays for deciding,
-the iterations after it start at once (docs/speculation.md, "What the decision costs").
+groups stay whole (the co-location verdict) by mini-simulations of what it expects of
+the job (rollout/_prior.py: the pool's previous rollout, or the predictor's prior where
+there is none): 5-30 s at the paper's scale, during which no step is routed. They read
+nothing else an iteration changes (its new weights reach no decision). So a session
+records its decisions under a key of everything they read (:func:`decision_inputs`,
+the previous rollout's records exactly), and a later session whose key matches takes
+them instead of simulating again: a job run again on the same previous rollout, or a
+job template's iterations while no previous rollout is kept (docs/speculation.md,
+"What the decision costs").
 
 Kept where the next session finds them: under ``.heddle/decisions`` for ``heddle run``
 (:class:`DecisionCache`), in the EnginePool's ``status.decisions`` on a cluster (the
@@ -38,10 +39,10 @@ from heddle.worker import Speculation
 
 from ._colocation import ColocationVerdict
 from ._job import LocalJob
+from ._previous import state_dir
 from ._prior import prompt_tokens
 
 __all__ = [
-    "DECISIONS_DIR",
     "DECISIONS_FORMAT",
     "DecidedRun",
     "DecisionCache",
@@ -54,7 +55,6 @@ __all__ = [
 log = logging.getLogger("heddle.run")
 
 DECISIONS_FORMAT = "heddle.decisions/v1"
-DECISIONS_DIR = Path(".heddle/decisions")  # heddle run's, beside its logs and models
 # Prompts enter the key by their mean length on a 5% grid: the next iteration's batch of
 # prompts differs in content, not in what the sketch does with them (prefill and KV).
 PROMPT_GRID = 1.05
@@ -148,6 +148,8 @@ def decision_inputs(
         },
         "speculation": repr(speculation or pool.speculation),
         "perf": repr(perf),
+        # The previous rollout the sketch is made of (rollout/_previous.py), exactly.
+        "history": hashlib.sha256(repr(local.history).encode()).hexdigest(),
     }
 
 
@@ -222,11 +224,12 @@ def _verdict(data: Mapping[str, Any], where: str) -> ColocationVerdict | None:
 
 
 class DecisionCache:
-    """``heddle run``'s kept decisions: one JSON file per key in ``folder``; ``reuse``
+    """``heddle run``'s kept decisions: one JSON file per key in ``folder`` (default:
+    ``.heddle/decisions``, or under ``$HEDDLE_STATE_DIR``); ``reuse``
     False (``--fresh-decisions``): nothing is read back, what is decided is kept."""
 
-    def __init__(self, folder: Path = DECISIONS_DIR, *, reuse: bool = True) -> None:
-        self.folder = folder
+    def __init__(self, folder: Path | None = None, *, reuse: bool = True) -> None:
+        self.folder = folder if folder is not None else state_dir("decisions")
         self.reuse = reuse
 
     def get(self, key: str, local: LocalJob) -> DecidedRun | None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from heddle.api import EnginePoolSpec, RolloutJobSpec
-from heddle.scheduler import WorkloadSpec
+from heddle.scheduler import FinishedTrajectory, WorkloadSpec
 
 from ._hosts import HostAllowList
 from ._tasks import TaskSet
@@ -23,3 +23,6 @@ class LocalJob:
     output: Path
     base_dir: Path
     tool_hosts: HostAllowList = field(default_factory=HostAllowList)  # where tools may go
+    # The pool's previous rollout (rollout/_previous.py): seeds the predictor, and is what
+    # the shape and co-location decisions simulate; empty: the predictor's prior.
+    history: tuple[FinishedTrajectory, ...] = ()

@@ -1,8 +1,10 @@
-"""What the session expects of a job before it runs: the predictor's prior as records.
+"""What the session expects of a job before it runs: the pool's previous rollout, or
+the predictor's prior as records where there is none.
 
 The shape planner (rollout/_run.py, ``plan_pool``) and the co-location decision
-(rollout/_colocation.py) both simulate this sketch when no earlier rollout is known,
-as the simulator's Heddle runs do with their own trajectories' predictions.
+(rollout/_colocation.py) both simulate this sketch, as the simulator's Heddle runs do:
+on the previous rollout's records with the trajectories predicted by a predictor seeded
+with them, or on the prior's predictions.
 """
 
 from __future__ import annotations
@@ -38,9 +40,14 @@ class PriorSketch:
 
 
 def prior_sketch(local: LocalJob, predictor: str) -> PriorSketch:
+    """The job's trajectories as ``predictor`` expects them before the run: seeded with the
+    pool's previous rollout where there is one (``local.history``, whose records are then
+    what the decisions simulate, as the simulator's runs do), else from its prior."""
     model = make_predictor(
         predictor, PredictorConfig.for_budget(local.job.sampling.max_total_tokens)
     )
+    if local.history:
+        model.seed(local.history)
     records: list[FinishedTrajectory] = []
     trajectories: list[Trajectory] = []
     for i, task in enumerate(local.tasks.tasks):
@@ -56,6 +63,8 @@ def prior_sketch(local: LocalJob, predictor: str) -> PriorSketch:
             t.predicted_remaining_turns = turns
             trajectories.append(t)
             records.append(FinishedTrajectory.predicted(t))
+    if local.history:
+        records = list(local.history)
     tool_means: dict[str, float] = {}
     reply_tokens = 128.0
     if local.workload is not None and local.workload.tools:

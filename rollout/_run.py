@@ -54,6 +54,7 @@ from ._job import LocalJob
 from ._local import LocalPool, LocalWorkerOptions, is_tiny_model
 from ._output import OutputSink
 from ._presets import WORKLOAD_PRESETS, load_workload
+from ._previous import PreviousRollouts, finished_records
 from ._prior import prior_sketch
 from ._progress import Progress, SessionMetrics
 from ._reward_stats import read_output_records, reward_stats
@@ -425,6 +426,9 @@ def summary_of(
         # started (the simulator charges the same: SimResult.decisions_s); 0 where an
         # earlier run's were reused ("decisions": its key, and what deciding took then).
         "decisions_s": 0.0 if decided is None else decided.took_s,
+        # Trajectories of the pool's previous rollout the predictor and the decisions
+        # started from (0: the predictor's prior; rollout/_previous.py).
+        "history_records": len(local.history),
         **(
             {
                 "decisions": {
@@ -468,11 +472,14 @@ async def run_local(
     trainer: GatewayOptions | None = None,
     on_trainer: Callable[[str, str], None] | None = None,
     decisions: DecisionCache | None = None,
+    history: PreviousRollouts | None = None,
 ) -> tuple[dict[str, Any], SessionResult]:
     """Start the pool, run the session, stop the pool (also on error or cancellation).
 
     ``decisions``: where the start-up decisions are kept and reused from (``heddle run``:
-    ``.heddle/decisions``); None: decided afresh, kept nowhere.
+    ``.heddle/decisions``); None: decided afresh, kept nowhere. ``history``: where the
+    pool's previous rollout is read from and this one kept (``.heddle/history``;
+    rollout/_previous.py); None: the job's own ``history`` only.
 
     An ``external`` job serves its gateway meanwhile: ``on_gateway(url, token)``
     hears where, and ``OUTPUT.gateway.json`` (readable by its owner only) says it too.
@@ -481,6 +488,8 @@ async def run_local(
     ``OUTPUT.trainer.json`` say where.
     """
     perf = perf_model_for(local.pool, options)
+    if history is not None and not local.history:
+        local = replace(local, history=history.get(local.pool.name))
     decided = decide_run(local, perf, options.speculation, cache=decisions)
     plan, colocation = decided.plan, decided.colocation
     shape = plan.shape
@@ -521,6 +530,8 @@ async def run_local(
                 on_trainer(trainer_api.url, trainer_api.token)
         result = await session.run()
         session_ended = True
+        if history is not None:  # what the pool's next session starts from
+            history.put(local.pool.name, finished_records(session.runs.values()))
     finally:
         sink.close()  # the session closed it already unless it never ran
         if trainer_api is not None:  # after a clean end, until the trainer heard it
@@ -610,6 +621,7 @@ def build_session(
         max_trajectories_in_flight=plan.max_trajectories_in_flight,
         trace=trace,
         drafts=drafts_feed_for(local, speculation, perf),
+        history=local.history,  # the pool's previous rollout seeds the predictor
     )
     apply_colocation(session, colocation)
     return session

@@ -7,6 +7,7 @@ import os
 import pytest
 from hypothesis import settings
 
+from heddle.rollout import STATE_DIR_ENV
 from heddle.scheduler import HARDWARE_PRESETS, MODEL_PRESETS, EngineInstance, PerfModel
 
 # Real worker processes and a real tool server, for the rollout's and the operator's tests.
@@ -25,6 +26,15 @@ __all__ = [
     "sim_pool",
     "tool_server",
 ]
+
+
+@pytest.fixture(autouse=True)
+def own_state_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each test keeps its previous rollouts and decisions to itself (HEDDLE_STATE_DIR,
+    which the processes it starts inherit): none carries over from another test."""
+    monkeypatch.setenv(STATE_DIR_ENV, str(tmp_path_factory.mktemp("state")))
 
 
 @pytest.fixture

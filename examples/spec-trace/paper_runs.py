@@ -8,8 +8,10 @@ numpy is installed) and appends one JSON line per run to OUT/runs.jsonl.
 
     python examples/spec-trace/paper_runs.py OUT [PROCESSES] [DEADLINE_S] [SCALE]
 
-SCALE: ``small`` (2,048 on 16), ``paper`` (8,192 on 64), ``both``, or ``issue26``
-(the runs of the tables after the co-location decision and the drafting corpus).
+SCALE: ``small`` (2,048 on 16), ``paper`` (8,192 on 64), ``both``, ``issue26``
+(the runs of the tables after the co-location decision and the drafting corpus), or
+``no-history`` (Heddle's rows of those tables without the previous rollout, which
+the live session does not have: docs/speculation.md, "Without the previous rollout").
 """
 
 from __future__ import annotations
@@ -124,6 +126,17 @@ def issue26_configs() -> list[dict[str, Any]]:
     return rows
 
 
+def no_history_configs() -> list[dict[str, Any]]:
+    """Heddle's rows of the main tables (both scales and acceptances), no previous rollout."""
+    rows: list[dict[str, Any]] = []
+    for size in ({"prompts": 128, "gpus": 16}, {"prompts": None, "gpus": None}):
+        for acceptance in ("default", "pessimistic"):
+            for w, (cluster, *_rest) in WORKLOADS.items():
+                rows.append({"workload": w, "cluster": cluster, **size, **HEDDLE,
+                             "acceptance": acceptance, "history": False})  # fmt: skip
+    return rows
+
+
 def _importable() -> None:
     """Where heddle is not installed: the pure scheduler package on its own (numpy only)."""
     try:
@@ -193,7 +206,9 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         cluster,
         get_policy(cfg["policy"]),
         tool_means_s=bench.tool_means_s,
-        history=bench.history,
+        # The previous rollout seeds Heddle's predictor and is what its start-up decisions
+        # simulate; a row with "history": False has none (the predictor's prior instead).
+        history=bench.history if cfg.get("history", True) else (),
         shape=shape,
         config=SimConfig(max_trajectories_per_engine=cfg["cap"], speculation=sim_spec),
     )
@@ -218,7 +233,9 @@ def main() -> None:
     scale = sys.argv[4] if len(sys.argv) > 4 else "both"
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    todo = issue26_configs() if scale == "issue26" else configs(scale)
+    todo = {"issue26": issue26_configs, "no-history": no_history_configs}.get(
+        scale, lambda: configs(scale)
+    )()
     with mp.Pool(procs) as pool, (out / "runs.jsonl").open("a") as f:
         pending = [pool.apply_async(run, (c,)) for c in todo]
         while pending and time.perf_counter() - t0 < deadline:

@@ -30,6 +30,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from heddle.rollout import (  # noqa: PLC0415
         DecisionCache,
         GatewayOptions,
+        PreviousRollouts,
         ProgressPrinter,
         prepare_job,
         run_local,
@@ -82,6 +83,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 trainer=trainer,
                 on_trainer=_print_trainer,
                 decisions=DecisionCache(reuse=not args.fresh_decisions),
+                history=PreviousRollouts(),
             )
         )
     finally:
@@ -161,6 +163,11 @@ def _print_summary(s: dict[str, Any]) -> None:
         print(
             f"  decisions: decided in {s['decisions_s']:.1f} s, kept for the next run with the "
             "same inputs"
+        )
+    if s.get("history_records"):
+        print(
+            f"  started from the pool's previous rollout: {s['history_records']:,} "
+            "trajectories (.heddle/history)"
         )
     d, c = s.get("drafts"), s.get("colocation")
     if d is not None or c is not None:  # the speculation decisions (docs/speculation.md)

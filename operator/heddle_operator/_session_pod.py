@@ -30,6 +30,7 @@ from typing import Any
 from heddle.api import EnginePoolSpec, InstancePhase, JobPhase, RolloutJobSpec
 from heddle.exceptions import CheckpointError, ConfigError, HeddleError, ManifestError
 from heddle.rollout import (
+    HISTORY_DIR,
     TRAINER_TOKEN_ENV,
     DecidedRun,
     ExternalEnvironment,
@@ -37,6 +38,7 @@ from heddle.rollout import (
     HostAllowList,
     LocalJob,
     OutputSink,
+    PreviousRollouts,
     RolloutSession,
     SessionConfig,
     SessionMetrics,
@@ -47,6 +49,7 @@ from heddle.rollout import (
     check_tool_hosts,
     decide_run,
     decision_key,
+    finished_records,
     job_workload,
     perf_model_for,
     read_decided,
@@ -212,6 +215,8 @@ async def _run(
         job, pool, await _tasks(kube, job), config.base_dir, tool_hosts=HostAllowList.from_env()
     )
     perf = perf_model_for(pool)
+    # The pool's previous rollout, kept on the job's own volume under the data root.
+    local = replace(local, history=_history(config).get(_history_name(job)))
     # Mini-simulations (seconds to a minute, on worker processes): off the loop, which
     # keeps writing the job's status meanwhile.
     earlier = _earlier_decisions(pool_body, local, perf)
@@ -285,6 +290,16 @@ async def _run(
             await asyncio.shield(trainer.stop())
 
 
+def _history(config: SessionPodConfig) -> PreviousRollouts:
+    """Where a pool's previous rollout is kept: under the data root, on the job's volume
+    (a pod whose volumes are not writable there keeps none: logged, the prior used)."""
+    return PreviousRollouts(config.base_dir / HISTORY_DIR)
+
+
+def _history_name(job: RolloutJobSpec) -> str:
+    return f"{job.namespace}.{job.engine_pool}"
+
+
 def _earlier_decisions(
     pool_body: Mapping[str, Any], local: LocalJob, perf: PerfModel
 ) -> DecidedRun | None:
@@ -334,6 +349,8 @@ async def _drive(
                 log.warning("%s: status not written this round: %s", job.name, exc)
             await asyncio.wait({task}, timeout=min(config.status_interval_s, config.poll_s))
         result = await task
+        # Before the final status: the pool's next job starts from this rollout.
+        _history(config).put(_history_name(job), finished_records(session.runs.values()))
     finally:
         if not task.done():
             task.cancel()

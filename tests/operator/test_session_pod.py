@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -249,24 +250,38 @@ async def test_the_sessions_planned_shape_and_decisions_reach_the_pool_through_s
         assert obj["status"]["phase"] == "Succeeded", obj["status"]
         assert_exactly_once(read_records(out), KEYS)
         assert max(c.kubelet.budget_log) <= 4, c.kubelet.budget_log
-        # Its decisions, published in its status, are kept in the pool's status ...
+        # Its decisions, published in its status, are kept in the pool's status, and its
+        # rollout on the job's volume (under the data root) for the pool's next job.
         first = obj["status"]["decisions"]
         assert first["reused"] is False and first["shape"] == shape
         kept = (await c.get("enginepools", "p"))["status"]["decisions"]
         assert kept == [first]
+        history = c.tmp / ".heddle" / "history" / "default.p.json"
+        after_first = history.read_text()
+        assert len(json.loads(after_first)["records"]) == len(KEYS)
 
-        # ... and the next iteration of the job (new output, same inputs) takes them
-        # from there instead of simulating again.
-        again = tmp_path / "again.jsonl"
-        await c.apply(job("j2", "p", again))
+        # The next iteration (new output) starts from that rollout: other inputs, so it
+        # decides again, and the pool keeps both records, the latest first.
+        await c.apply(job("j2", "p", tmp_path / "j2.jsonl"))
         obj = await _finished(c, "j2")
         assert obj["status"]["phase"] == "Succeeded", obj["status"]
         second = obj["status"]["decisions"]
-        assert second["reused"] is True and second["key"] == first["key"], second
-        assert second["shape"] == first["shape"] == obj["status"]["plannedShape"]
-        assert_exactly_once(read_records(again), KEYS)
-        kept = (await c.get("enginepools", "p"))["status"]["decisions"]
-        assert [r["key"] for r in kept] == [first["key"]]  # one record per key
+        assert second["reused"] is False and second["key"] != first["key"]
+
+        async def both() -> list[str] | None:
+            keys = [r["key"] for r in (await c.get("enginepools", "p"))["status"]["decisions"]]
+            return keys if keys == [second["key"], first["key"]] else None
+
+        await wait_for(both, 30, "both records kept")
+        # A job on the same inputs again (that rollout put back) takes the pool's record.
+        history.write_text(after_first)
+        await c.apply(job("j3", "p", tmp_path / "j3.jsonl"))
+        obj = await _finished(c, "j3")
+        assert obj["status"]["phase"] == "Succeeded", obj["status"]
+        third = obj["status"]["decisions"]
+        assert third["reused"] is True and third["key"] == second["key"], third
+        assert third["shape"] == second["shape"] == obj["status"]["plannedShape"]
+        assert_exactly_once(read_records(tmp_path / "j3.jsonl"), KEYS)
 
 
 async def test_an_external_job_serves_its_gateway_from_the_session_pod(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The start-up decisions are kept, and the next iteration of the same job reuses them.
+"""The start-up decisions are kept, and a job with the same inputs reuses them.
 
 The synthetic example (64 trajectories on two GPUs) with its shape unpinned and the
 workers drafting with ``suffix`` stands in for a job whose session decides both its

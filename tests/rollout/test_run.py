@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -93,32 +94,47 @@ def test_tools_job_with_malformed_tasks(tmp_path: Path, tool_server: ToolServer)
     assert len(tool_server.calls) == 2
 
 
-def test_the_next_run_of_a_job_reuses_its_decisions(tmp_path: Path) -> None:
-    # The synthetic example with its shape left to the planner, run as the next
-    # training iteration would be: the same job, another output.
+def test_the_next_run_starts_from_the_previous_rollout_and_reuses_what_it_can(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HEDDLE_STATE_DIR")  # the default: .heddle in the folder it ran in
+    # The synthetic example with its shape left to the planner, run as the next training
+    # iterations would be: the same job, another output each time.
     for name in ("job.yaml", "workload.yaml"):
         (tmp_path / name).write_text((QUICK / name).read_text())
     pool = yaml.safe_load((QUICK / "pool.yaml").read_text())
     del pool["spec"]["shape"]
     (tmp_path / "pool.yaml").write_text(yaml.safe_dump(pool))
-    runs = {}
-    for output, extra in (("first", ()), ("second", ()), ("third", ("--fresh-decisions",))):
+    kept = tmp_path / ".heddle" / "history" / "tiny.json"
+
+    def run(output: str, *extra: str) -> tuple[dict[str, Any], str]:
         proc = _heddle("run", "job.yaml", "--pool", "pool.yaml", "--engine", "sim",
                        "--time-scale", "0.2", "--quiet", "--output", f"out/{output}.jsonl",
                        *extra, cwd=tmp_path)  # fmt: skip
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, out
-        summary = json.loads((tmp_path / "out" / f"{output}.jsonl.summary.json").read_text())
-        runs[output] = (summary, out)
-    first, second, third = (runs[k][0] for k in ("first", "second", "third"))
-    assert first["mechanisms"]["shape_source"] == "planned"
-    assert not first["decisions"]["reused"] and "kept for the next run" in runs["first"][1]
-    assert second["decisions"]["reused"] and second["decisions_s"] == 0.0
-    assert second["decisions"]["key"] == first["decisions"]["key"]
-    assert second["pool"]["shape"] == first["pool"]["shape"]
-    assert "reused from an earlier run with the same inputs" in runs["second"][1]
-    assert not third["decisions"]["reused"]  # --fresh-decisions
-    assert (tmp_path / ".heddle" / "decisions" / f"{first['decisions']['key']}.json").is_file()
+        return json.loads((tmp_path / "out" / f"{output}.jsonl.summary.json").read_text()), out
+
+    first, said = run("first")
+    assert first["history_records"] == 0 and first["mechanisms"]["shape_source"] == "planned"
+    assert not first["decisions"]["reused"] and "kept for the next run" in said
+    after_first = kept.read_text()
+    # The second starts from the first's 64 trajectories: other inputs, decided again.
+    second, said = run("second")
+    assert second["history_records"] == 64 and "previous rollout: 64 trajectories" in said
+    assert not second["decisions"]["reused"]
+    assert second["decisions"]["key"] != first["decisions"]["key"]
+    # The same inputs again (the first rollout's records put back): reused, no time spent.
+    kept.write_text(after_first)
+    third, said = run("third")
+    assert third["decisions"]["reused"] and third["decisions_s"] == 0.0
+    assert third["decisions"]["key"] == second["decisions"]["key"]
+    assert third["pool"]["shape"] == second["pool"]["shape"]
+    assert "reused from an earlier run with the same inputs" in said
+    kept.write_text(after_first)
+    fourth, _ = run("fourth", "--fresh-decisions")
+    assert not fourth["decisions"]["reused"]
+    assert (tmp_path / ".heddle" / "decisions" / f"{second['decisions']['key']}.json").is_file()
 
 
 def _children(pid: int) -> list[int]:
