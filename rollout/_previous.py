@@ -58,6 +58,7 @@ def state_dir(name: str) -> Path:
 MAX_HISTORY_RECORDS = 65_536  # trajectories kept: the paper's 8,192 eight times over
 MAX_TURNS = 1_024  # per record; a longer trajectory's turns are summed into its last
 MAX_TOKENS = 1 << 24  # per number: no context is longer
+MAX_BYTES = 64 << 20  # per file: read no more, keep the newest records that fit
 
 
 def finished_records(runs: Iterable[TrajectoryRun]) -> list[FinishedTrajectory]:
@@ -141,6 +142,10 @@ class PreviousRollouts:
         """Pool ``pool``'s previous rollout; empty where none was kept or it was bad."""
         path = self._path(pool)
         try:
+            if path.stat().st_size > MAX_BYTES:
+                log.warning("previous rollout %s is over %d MiB; starting from the prior", path,
+                            MAX_BYTES >> 20)  # fmt: skip
+                return ()
             text = path.read_text()
         except FileNotFoundError:
             return ()
@@ -162,13 +167,16 @@ class PreviousRollouts:
         rollout, written whole then renamed; nothing where the rollout finished none."""
         if not records:
             return
-        data = {"format": HISTORY_FORMAT,
-                "records": [_row(r) for r in records[-MAX_HISTORY_RECORDS:]]}  # fmt: skip
+        rows = [_row(r) for r in records[-MAX_HISTORY_RECORDS:]]
+        text = json.dumps({"format": HISTORY_FORMAT, "records": rows}, separators=(",", ":"))
+        while len(text) > MAX_BYTES:  # many long agentic trajectories: the newest that fit
+            rows = rows[len(rows) // 2 :]
+            text = json.dumps({"format": HISTORY_FORMAT, "records": rows}, separators=(",", ":"))
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             path = self._path(pool)
             partial = path.with_suffix(f".{os.getpid()}.tmp")
-            partial.write_text(json.dumps(data, separators=(",", ":")) + "\n")
+            partial.write_text(text + "\n")
             partial.replace(path)
         except OSError as exc:  # the next session starts from the prior, nothing else
             log.warning("previous rollout not kept in %s (%s)", self.folder, exc.strerror)

@@ -20,6 +20,7 @@ from heddle.rollout import (
     HISTORY_DIR,
     LocalJob,
     PreviousRollouts,
+    _previous,
     decision_key,
     perf_model_for,
     prepare_job,
@@ -61,6 +62,20 @@ class TestKept:
         (back,) = store.get("pool")
         assert back.total_tokens == long.total_tokens == sum(back.turn_tokens)
         assert len(back.turn_tokens) == back.turns == 1_024
+
+    def test_a_file_too_large_is_not_read_and_a_rollout_too_large_keeps_its_newest(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        monkeypatch.setattr(_previous, "MAX_BYTES", 4_000)
+        store = PreviousRollouts(tmp_path)
+        rollout = _short_rollout(200)  # about 8 KB as kept
+        store.put("pool", rollout)
+        kept = store.get("pool")
+        assert 0 < len(kept) < 200 and kept == rollout[-len(kept) :]
+        (tmp_path / "pool.json").write_text(" " * 5_000)
+        with caplog.at_level(logging.WARNING, "heddle.run"):
+            assert store.get("pool") == ()
+        assert any("over 0 MiB" in r.getMessage() for r in caplog.records)
 
     def test_the_default_folder_is_beside_the_decisions(self) -> None:
         assert Path(".heddle/history") == HISTORY_DIR
