@@ -76,9 +76,10 @@ class InProcessRun:
     def __init__(self, local: LocalJob, options: LocalWorkerOptions) -> None:
         self._total = len(local.tasks.tasks) * local.job.samples_per_task
         self._last: Progress | None = None
-        # As `heddle run`: an iteration decided before starts at once (rollout/_decided.py).
+        # As `heddle run` (the pool's previous rollout, decisions kept by their inputs), and
+        # the next iteration's decisions taken while the trainer trains (ahead=True).
         run = run_local(local, options, on_progress=self._progress, decisions=DecisionCache(),
-                        history=PreviousRollouts())  # fmt: skip
+                        history=PreviousRollouts(), ahead=True)  # fmt: skip
         self._task = asyncio.create_task(run)
 
     def _progress(self, p: Progress) -> None:

@@ -88,11 +88,14 @@ class DecidedRun:
     colocation: ColocationVerdict | None
     decided_s: float
     reused: bool = field(default=False, compare=False)
+    # Reused: how long this session waited for them (decided ahead, not yet done).
+    waited_s: float = field(default=0.0, compare=False)
 
     @property
     def took_s(self) -> float:
-        """What deciding cost this session: nothing where the decisions were reused."""
-        return 0.0 if self.reused else self.decided_s
+        """What deciding cost this session: where the decisions were reused, only the wait
+        for them (their deciding ahead still running when it started)."""
+        return self.waited_s if self.reused else self.decided_s
 
     def as_dict(self) -> dict[str, Any]:
         """The record as kept (summary.json's ``decisions``, the pool's status.decisions)."""

@@ -11,12 +11,14 @@ random-weight model that ``heddle model tiny`` writes (generated once into
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -289,6 +291,29 @@ def plan_pool(
     )
 
 
+# Decisions being taken ahead in this process, by key (:func:`decide_ahead`).
+_AHEAD: dict[str, Future[DecidedRun]] = {}
+_AHEAD_THREAD = ThreadPoolExecutor(1, thread_name_prefix="heddle-decide-ahead")
+
+
+def decide_ahead(
+    local: LocalJob, perf: PerfModel, speculation: Speculation | None, cache: DecisionCache
+) -> Future[DecidedRun]:
+    """Take, in the background, the decisions of the next iteration of ``local``'s job:
+    the same template on ``local.history`` (this run's rollout, as the next run will read
+    it), kept in ``cache``. A :func:`decide_run` in this process with that key waits for
+    it instead of deciding again; the trainer trains meanwhile (docs/speculation.md)."""
+    key = decision_key(local, perf, speculation)
+
+    def take() -> DecidedRun:
+        kept = cache.get(key, local)  # the same inputs decided before: nothing to do
+        return kept if kept is not None else _decide(local, perf, speculation, key, cache)
+
+    future = _AHEAD_THREAD.submit(take)
+    _AHEAD[key] = future
+    return future
+
+
 def decide_run(
     local: LocalJob,
     perf: PerfModel,
@@ -309,13 +334,31 @@ def decide_run(
     """
     key = decision_key(local, perf, speculation)
     found = earlier if earlier is not None and earlier.key == key else None
+    waited = 0.0
     if found is None and cache is not None:
+        ahead = _AHEAD.pop(key, None)
+        if ahead is not None:  # decided ahead by the previous run in this process
+            started = time.perf_counter()
+            with contextlib.suppress(Exception):  # it failed: decided here instead
+                ahead.result()
+            waited = time.perf_counter() - started
         found = cache.get(key, local)
     if found is not None:
         log.info("%s: shape %s and co-location reused from an earlier run with the same "
-                 "inputs (deciding took %.1f s then)", local.job.name, found.plan.shape,
-                 found.decided_s)  # fmt: skip
-        return replace(found, reused=True)
+                 "inputs (deciding took %.1f s then; waited %.1f s for it)", local.job.name,
+                 found.plan.shape, found.decided_s, waited)  # fmt: skip
+        return replace(found, reused=True, waited_s=waited)
+    return _decide(local, perf, speculation, key, cache)
+
+
+def _decide(
+    local: LocalJob,
+    perf: PerfModel,
+    speculation: Speculation | None,
+    key: str,
+    cache: DecisionCache | None,
+) -> DecidedRun:
+    """Decide by simulating (:func:`decide_run` found none kept), and keep the answer."""
     started = time.perf_counter()
     with ProcessRunner() as runner:
         plan = plan_pool(local, perf, speculation, runner)
@@ -473,13 +516,16 @@ async def run_local(
     on_trainer: Callable[[str, str], None] | None = None,
     decisions: DecisionCache | None = None,
     history: PreviousRollouts | None = None,
+    ahead: bool = False,
 ) -> tuple[dict[str, Any], SessionResult]:
     """Start the pool, run the session, stop the pool (also on error or cancellation).
 
     ``decisions``: where the start-up decisions are kept and reused from (``heddle run``:
     ``.heddle/decisions``); None: decided afresh, kept nowhere. ``history``: where the
     pool's previous rollout is read from and this one kept (``.heddle/history``;
-    rollout/_previous.py); None: the job's own ``history`` only.
+    rollout/_previous.py); None: the job's own ``history`` only. ``ahead`` (with both):
+    once the rollout ends, the next iteration's decisions are taken in the background on
+    it (:func:`decide_ahead`; the Python client's in-process runs).
 
     An ``external`` job serves its gateway meanwhile: ``on_gateway(url, token)``
     hears where, and ``OUTPUT.gateway.json`` (readable by its owner only) says it too.
@@ -532,6 +578,9 @@ async def run_local(
         session_ended = True
         if history is not None:  # what the pool's next session starts from
             history.put(local.pool.name, finished_records(session.runs.values()))
+            if ahead and decisions is not None:  # the next iteration's, as it will read it
+                kept = history.get(local.pool.name)
+                decide_ahead(replace(local, history=kept), perf, options.speculation, decisions)
     finally:
         sink.close()  # the session closed it already unless it never ran
         if trainer_api is not None:  # after a clean end, until the trainer heard it

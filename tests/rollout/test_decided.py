@@ -7,10 +7,12 @@ shape and co-location; its mini-simulations take a second or two here.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,11 +21,14 @@ from heddle.rollout import (
     DecidedRun,
     DecisionCache,
     LocalJob,
+    PreviousRollouts,
     decide_run,
     decision_key,
     perf_model_for,
     prepare_job,
     read_decided,
+    run_local,
+    worker_options,
 )
 from heddle.worker import Speculation
 
@@ -181,3 +186,34 @@ class TestUntrustedRecords:
                                  cache=DecisionCache(blocked / "decisions"))  # fmt: skip
         assert not decided.reused
         assert any("decisions not kept" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.slow  # real worker processes (the simulated engine)
+def test_an_in_process_loop_takes_the_next_iterations_decisions_ahead(
+    unpinned: LocalJob, tmp_path: Path
+) -> None:
+    """Two iterations in one process, as the Python client runs a trainer's loop: the
+    first, ending, decides the second's on its own rollout; the second waits for that
+    (or finds it done) instead of deciding."""
+    decisions = DecisionCache(tmp_path / "decisions")
+    history = PreviousRollouts(tmp_path / "history")
+    local = replace(unpinned, pool=replace(unpinned.pool, speculation=Speculation.of("off")))
+    options = worker_options(local, "sim", time_scale=0.05)
+
+    async def iteration(name: str) -> dict[str, Any]:
+        job = replace(local, output=tmp_path / f"{name}.jsonl")
+        summary, _ = await run_local(job, options, decisions=decisions, history=history,
+                                     ahead=True)  # fmt: skip
+        return summary
+
+    async def loop() -> tuple[dict[str, Any], dict[str, Any]]:
+        return await iteration("first"), await iteration("second")
+
+    first, second = asyncio.run(loop())
+    assert first["history_records"] == 0 and not first["decisions"]["reused"]
+    assert second["history_records"] == 64
+    assert second["decisions"]["reused"], second["decisions"]
+    assert second["decisions_s"] < first["decisions_s"] + 1.0  # at most the wait for it
+    assert second["decisions"]["key"] == decision_key(
+        replace(local, history=history.get(local.pool.name)), perf_model_for(local.pool)
+    ) != first["decisions"]["key"]  # fmt: skip
