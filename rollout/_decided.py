@@ -6,10 +6,11 @@ the job (rollout/_prior.py: the pool's previous rollout, or the predictor's prio
 there is none): 5-30 s at the paper's scale, during which no step is routed. They read
 nothing else an iteration changes (its new weights reach no decision). So a session
 records its decisions under a key of everything they read (:func:`decision_inputs`,
-the previous rollout's records exactly), and a later session whose key matches takes
-them instead of simulating again: a job run again on the same previous rollout, or a
-job template's iterations while no previous rollout is kept (docs/speculation.md,
-"What the decision costs").
+the previous rollout's records exactly; the prompts by their mean length, within 5%:
+:func:`prompts_match`), and a later session whose key matches takes them instead of
+simulating again: the next iteration of a trainer's in-process loop, decided ahead on
+this rollout (rollout/_run.py, ``decide_ahead``), or a job run again on the same
+previous rollout (docs/speculation.md, "Decisions kept under a key of their inputs").
 
 Kept where the next session finds them: under ``.heddle/decisions`` for ``heddle run``
 (:class:`DecisionCache`), in the EnginePool's ``status.decisions`` on a cluster (the
@@ -23,13 +24,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import heddle.scheduler as scheduler_package
 import heddle.worker as worker_package
@@ -49,15 +49,18 @@ __all__ = [
     "PoolPlan",
     "decision_inputs",
     "decision_key",
+    "mean_prompt_tokens",
+    "prompts_match",
     "read_decided",
 ]
 
 log = logging.getLogger("heddle.run")
 
 DECISIONS_FORMAT = "heddle.decisions/v1"
-# Prompts enter the key by their mean length on a 5% grid: the next iteration's batch of
-# prompts differs in content, not in what the sketch does with them (prefill and KV).
-PROMPT_GRID = 1.05
+# Prompts are not in the key: the next iteration's batch differs in content, not in what
+# the sketch does with it. A record is taken where the prompts' mean length is within this
+# of the one it was decided on (a grid would split iterations at its steps).
+PROMPT_TOLERANCE = 0.05
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,7 @@ class DecidedRun:
     plan: PoolPlan
     colocation: ColocationVerdict | None
     decided_s: float
+    prompt_mean_tokens: float = 0.0  # what the decisions were taken on (prompts_match)
     reused: bool = field(default=False, compare=False)
     # Reused: how long this session waited for them (decided ahead, not yet done).
     waited_s: float = field(default=0.0, compare=False)
@@ -106,6 +110,7 @@ class DecidedRun:
             "shape": [{"tp": tp, "replicas": n} for tp, n in plan.shape.counts],
             "policy": plan.policy,
             "decidedSeconds": round(self.decided_s, 3),
+            "promptMeanTokens": round(self.prompt_mean_tokens, 3),
             "reused": self.reused,  # by the session that wrote it (read back: ignored)
         }
         # Absent rather than null where not decided (the CRDs' status schemas).
@@ -116,20 +121,27 @@ class DecidedRun:
         return out
 
 
-def prompt_bucket(mean_tokens: float) -> int:
-    """The mean prompt length's step on the :data:`PROMPT_GRID` (log scale)."""
-    return round(math.log(max(mean_tokens, 1.0)) / math.log(PROMPT_GRID))
+def mean_prompt_tokens(local: LocalJob) -> float:
+    """The job's prompts' mean length in tokens, as the sketch counts them."""
+    prompts = [prompt_tokens(task) for task in local.tasks.tasks]
+    return sum(prompts) / len(prompts) if prompts else 0.0
+
+
+def prompts_match(decided: DecidedRun, local: LocalJob) -> bool:
+    """Whether ``decided`` was decided on prompts of about ``local``'s mean length."""
+    now, then = mean_prompt_tokens(local), decided.prompt_mean_tokens
+    return abs(now - then) <= PROMPT_TOLERANCE * max(now, then, 1.0)
 
 
 def decision_inputs(
     local: LocalJob, perf: PerfModel, speculation: Speculation | None = None
 ) -> dict[str, Any]:
     """Everything the shape planner and the co-location verdict read, as plain data:
-    the job's limits, policy and group size, its tasks (their number, and their prompts'
-    mean length on a 5% grid), the synthetic workload's tools, the pool, its
-    speculation, the performance model, and the decision code itself."""
+    the job's limits, policy and group size, its tasks' number, the synthetic workload's
+    tools, the pool, its speculation, the performance model, the decision code itself,
+    and the previous rollout. Not the prompts' length, which a record carries instead
+    (:func:`prompts_match`)."""
     job, pool = local.job, local.pool
-    prompts = [prompt_tokens(task) for task in local.tasks.tasks]
     tools: list[Any] = []
     if local.workload is not None:
         tools = [repr(t) for t in local.workload.tools]
@@ -139,8 +151,7 @@ def decision_inputs(
         "samples_per_task": job.samples_per_task,
         "max_total_tokens": job.sampling.max_total_tokens,
         "max_turns": job.max_turns,
-        "tasks": len(prompts),
-        "prompt_bucket": prompt_bucket(sum(prompts) / len(prompts)) if prompts else 0,
+        "tasks": len(local.tasks.tasks),
         "tools": tools,
         "pool": {
             "gpus": pool.gpus,
@@ -194,8 +205,11 @@ def read_decided(data: Any, local: LocalJob, where: str) -> DecidedRun:
         raise ConfigError(f"{where}: 'shape' must be a list of {{tp, replicas}} counts")
     if cap is not None and not _count(cap):
         raise ConfigError(f"{where}: 'maxTrajectoriesInFlight' must be a positive count")
-    if not isinstance(decided, (int, float)) or isinstance(decided, bool) or not decided >= 0:
+    if not _seconds(decided):
         raise ConfigError(f"{where}: 'decidedSeconds' must be a number of seconds")
+    prompts = data.get("promptMeanTokens")
+    if not _seconds(prompts):
+        raise ConfigError(f"{where}: 'promptMeanTokens' must be a number of tokens")
     pool = local.pool
     try:
         get_policy(policy)  # one sentence listing the policies if unknown
@@ -205,7 +219,17 @@ def read_decided(data: Any, local: LocalJob, where: str) -> DecidedRun:
         raise ConfigError(f"{where}: {exc}") from None
     if pool.shape is not None and shape != pool.shape:
         raise ConfigError(f"{where}: shape {shape} is not the pool's pinned {pool.shape}")
-    return DecidedRun(key, PoolPlan(shape, policy, cap), _verdict(data, where), float(decided))
+    plan = PoolPlan(shape, policy, cap)
+    return DecidedRun(key, plan, _verdict(data, where), float(decided), float(prompts))
+
+
+def _seconds(value: Any) -> TypeGuard[float]:
+    """A finite number at least 0 (seconds, or a mean in tokens)."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and 0 <= value < float("inf")
+    )
 
 
 def _count(value: Any) -> bool:

@@ -45,7 +45,14 @@ from ._colocation import (
     live_colocation,
     sim_speculation_for,
 )
-from ._decided import DecidedRun, DecisionCache, PoolPlan, decision_key
+from ._decided import (
+    DecidedRun,
+    DecisionCache,
+    PoolPlan,
+    decision_key,
+    mean_prompt_tokens,
+    prompts_match,
+)
 from ._decisions import ProcessRunner
 from ._drafts_feed import DRAFTING_METHODS, DraftsFeed, pool_corpus
 from ._environments import Environment, SyntheticEnvironment, synthetic_tasks
@@ -307,7 +314,9 @@ def decide_ahead(
 
     def take() -> DecidedRun:
         kept = cache.get(key, local)  # the same inputs decided before: nothing to do
-        return kept if kept is not None else _decide(local, perf, speculation, key, cache)
+        if kept is not None and prompts_match(kept, local):
+            return kept
+        return _decide(local, perf, speculation, key, cache)
 
     future = _AHEAD_THREAD.submit(take)
     _AHEAD[key] = future
@@ -343,6 +352,11 @@ def decide_run(
                 ahead.result()
             waited = time.perf_counter() - started
         found = cache.get(key, local)
+    if found is not None and not prompts_match(found, local):
+        log.info("%s: decisions kept under this key were taken on prompts of %.0f tokens "
+                 "(these: %.0f); deciding afresh", local.job.name, found.prompt_mean_tokens,
+                 mean_prompt_tokens(local))  # fmt: skip
+        found = None
     if found is not None:
         log.info("%s: shape %s and co-location reused from an earlier run with the same "
                  "inputs (deciding took %.1f s then; waited %.1f s for it)", local.job.name,
@@ -370,7 +384,7 @@ def _decide(
     on = f"{runner.used} worker processes" if runner.used > 1 else "the session's process"
     log.info("%s: shape %s and co-location decided in %.1f s (on %s)", local.job.name,
              plan.shape, took, on)  # fmt: skip
-    decided = DecidedRun(key, plan, colocation, took)
+    decided = DecidedRun(key, plan, colocation, took, mean_prompt_tokens(local))
     if cache is not None:
         cache.put(decided)
     return decided

@@ -65,9 +65,6 @@ class TestTheKey:
 
     def test_each_input_of_the_decisions_changes_it(self, unpinned: LocalJob) -> None:
         job, pool, tasks = unpinned.job, unpinned.pool, unpinned.tasks
-        longer = [
-            replace(t, messages=[{"role": "user", "content": "z" * 4000}]) for t in tasks.tasks
-        ]
         changed = [
             replace(unpinned, job=replace(job, samples_per_task=8)),
             replace(unpinned, job=replace(job, policy="verl")),
@@ -77,7 +74,6 @@ class TestTheKey:
             replace(unpinned, pool=replace(pool, gpus=1, tensor_parallel_sizes=(1,))),
             replace(unpinned, pool=replace(pool, speculation=Speculation.of("ngram", 4))),
             replace(unpinned, tasks=replace(tasks, tasks=tasks.tasks[:-1])),
-            replace(unpinned, tasks=replace(tasks, tasks=longer)),
             replace(unpinned, workload=None),
         ]  # fmt: skip
         keys = {_key(c) for c in changed}
@@ -114,6 +110,26 @@ class TestReuse:
         kept = json.loads((folder / f"{fresh.key}.json").read_text())
         assert kept["decidedSeconds"] == round(fresh.decided_s, 3)
 
+    def test_a_record_is_taken_only_on_prompts_of_about_its_length(
+        self, unpinned: LocalJob, tmp_path: Path
+    ) -> None:
+        perf = perf_model_for(unpinned.pool)
+        cache = DecisionCache(tmp_path)
+        decide_run(unpinned, perf, cache=cache)
+
+        def scaled(factor: float) -> LocalJob:
+            tasks = [
+                replace(t, messages=[{"role": "user",
+                                      "content": "x" * round(len(t.messages[0]["content"])
+                                                             * factor)}])
+                for t in unpinned.tasks.tasks
+            ]  # fmt: skip
+            return replace(unpinned, tasks=replace(unpinned.tasks, tasks=tasks))
+
+        assert decision_key(scaled(1.04), perf) == decision_key(unpinned, perf)
+        assert decide_run(scaled(1.04), perf, cache=cache).reused  # within 5%
+        assert not decide_run(scaled(1.10), perf, cache=cache).reused  # decided afresh
+
     def test_a_pools_record_is_taken_only_under_the_same_key(self, unpinned: LocalJob) -> None:
         perf = perf_model_for(unpinned.pool)
         decided = decide_run(unpinned, perf)
@@ -127,7 +143,7 @@ class TestUntrustedRecords:
     def _record(self, local: LocalJob) -> dict[str, object]:
         plan_shape = [{"tp": 1, "replicas": 2}]
         return {"format": "heddle.decisions/v1", "key": _key(local), "shape": plan_shape,
-                "policy": "heddle", "decidedSeconds": 1.5,
+                "policy": "heddle", "decidedSeconds": 1.5, "promptMeanTokens": 150.0,
                 "colocation": {"colocate": True, "reason": "kept", "seed": True}}  # fmt: skip
 
     def test_a_good_record_reads_back(self, unpinned: LocalJob) -> None:
@@ -146,6 +162,7 @@ class TestUntrustedRecords:
             ({"policy": "mine"}, "mine"),
             ({"maxTrajectoriesInFlight": 0}, "positive count"),
             ({"decidedSeconds": "soon"}, "number of seconds"),
+            ({"promptMeanTokens": -1}, "number of tokens"),
             ({"colocation": {"colocate": "yes"}}, "'colocation' must be"),
         ],
     )
