@@ -82,8 +82,9 @@ class DecidedRun:
     """A session's start-up decisions and what they were decided on.
 
     ``key``: :func:`decision_key` of the inputs; ``decided_s``: the seconds deciding took
-    when it was done; ``reused``: taken from an earlier session with the same key (this
-    session spent no time deciding).
+    when it was done; ``prompt_mean_tokens``: the prompts' mean length it was done on;
+    ``reused``: taken from an earlier session with the same key, or decided ahead for
+    this one (this session spent only ``waited_s`` on them).
     """
 
     key: str
@@ -92,14 +93,15 @@ class DecidedRun:
     decided_s: float
     prompt_mean_tokens: float = 0.0  # what the decisions were taken on (prompts_match)
     reused: bool = field(default=False, compare=False)
-    # Reused: how long this session waited for them (decided ahead, not yet done).
+    # How long this session waited for decisions taken ahead for it (not yet done; then
+    # reused, or decided afresh where they were taken on other prompts).
     waited_s: float = field(default=0.0, compare=False)
 
     @property
     def took_s(self) -> float:
         """What deciding cost this session: where the decisions were reused, only the wait
         for them (their deciding ahead still running when it started)."""
-        return self.waited_s if self.reused else self.decided_s
+        return self.waited_s if self.reused else self.decided_s + self.waited_s
 
     def as_dict(self) -> dict[str, Any]:
         """The record as kept (summary.json's ``decisions``, the pool's status.decisions)."""

@@ -362,7 +362,8 @@ def decide_run(
                  "inputs (deciding took %.1f s then; waited %.1f s for it)", local.job.name,
                  found.plan.shape, found.decided_s, waited)  # fmt: skip
         return replace(found, reused=True, waited_s=waited)
-    return _decide(local, perf, speculation, key, cache)
+    decided = _decide(local, perf, speculation, key, cache)
+    return replace(decided, waited_s=waited) if waited else decided
 
 
 def _decide(
