@@ -44,6 +44,7 @@ from heddle.rollout._run import plan_pool
 from heddle.scheduler import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,
+    FinishedTrajectory,
     PerfModel,
     PredictorConfig,
     Trajectory,
@@ -262,3 +263,48 @@ def test_build_session_keeps_groups_whole_where_the_verdict_is_on(tmp_path: Path
     session = build(None)
     assert type(session.placement) is type(make_placement(get_policy(plan.policy).placement))
     assert session.drafts is not None and session.drafts.gate is not None
+
+
+def test_with_the_pools_previous_rollout_both_decide_on_it_alike() -> None:
+    """The live session's decision from a previous rollout (rollout/_previous.py) and the
+    simulator's from the same one (``Simulator(history=...)``): the same verdict for the
+    same reason. The previous rollout: short trajectories (about 100 tokens of a
+    3,000-token budget), far from what the prior expects."""
+    from heddle.rollout._prior import prior_sketch
+
+    examples = ROOT / "examples" / "synthetic"
+    speculation = Speculation.of("suffix", 4)
+    local = prepare_job(examples / "job.yaml", examples / "pool.yaml")
+    previous = tuple(
+        FinishedTrajectory(f"old-t{i // 4}", 150, 90 + i % 20, 2, (40, 50 + i % 20), (30,))
+        for i in range(64)
+    )
+    pool, perf = local.pool, perf_model_for(local.pool)
+    # The job's trajectories, as the simulator runs them: its prompts and groups (their
+    # true lengths are known to neither decider).
+    scripts = workload_sketch(prior_sketch(local, "sibling").records, tool_latency_s=0.0)
+    seeded = replace(local, history=previous)
+    plan = plan_pool(seeded, perf)
+    live = live_colocation(
+        seeded, plan.shape, plan.policy, plan.max_trajectories_in_flight, perf, speculation
+    )
+    assert live is not None
+    budget = PredictorConfig.for_budget(local.job.sampling.max_total_tokens)
+    sim = Simulator(
+        scripts,
+        planner_cluster(perf, pool.gpus, pool.gpus_per_node, pool.tensor_parallel_sizes),
+        get_policy(plan.policy),
+        tool_means_s=prior_sketch(seeded, "sibling").tool_means_s,
+        history=previous,
+        shape=plan.shape,
+        perf=perf,
+        predictor=make_predictor(str(get_policy("heddle").predictor), budget),
+        config=SimConfig(speculation=sim_speculation_for(speculation)),
+    )
+    assert live.reason == sim.colocation, (live.reason, sim.colocation)
+    # And not what the prior's sketch simulated (10 s against 2 s here): the previous
+    # rollout is what both decided on.
+    unseeded = live_colocation(
+        local, plan.shape, plan.policy, plan.max_trajectories_in_flight, perf, speculation
+    )
+    assert unseeded is not None and unseeded.reason != live.reason
