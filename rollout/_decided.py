@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -39,7 +38,7 @@ from heddle.worker import Speculation
 
 from ._colocation import ColocationVerdict
 from ._job import LocalJob
-from ._previous import state_dir
+from ._previous import read_state, state_dir, write_state
 from ._prior import prompt_tokens
 
 __all__ = [
@@ -61,6 +60,7 @@ DECISIONS_FORMAT = "heddle.decisions/v1"
 # the sketch does with it. A record is taken where the prompts' mean length is within this
 # of the one it was decided on (a grid would split iterations at its steps).
 PROMPT_TOLERANCE = 0.05
+DECISION_BYTES = 1 << 20  # a kept record is a few hundred bytes: read no more
 
 
 @dataclass(frozen=True)
@@ -267,7 +267,7 @@ class DecisionCache:
         if not self.reuse:
             return None
         try:
-            text = path.read_text()
+            text = read_state(path, DECISION_BYTES)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -290,8 +290,6 @@ class DecisionCache:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             path = self.folder / f"{decided.key}.json"
-            partial = path.with_suffix(f".{os.getpid()}.tmp")
-            partial.write_text(json.dumps(decided.as_dict(), indent=1) + "\n")
-            partial.replace(path)
+            write_state(path, json.dumps(decided.as_dict(), indent=1) + "\n")
         except OSError as exc:  # a read-only folder costs the next run its decisions only
             log.warning("decisions not kept in %s (%s)", self.folder, exc.strerror)

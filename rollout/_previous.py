@@ -17,9 +17,11 @@ starts from the prior.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,7 +40,9 @@ __all__ = [
     "PreviousRollouts",
     "finished_records",
     "read_history",
+    "read_state",
     "state_dir",
+    "write_state",
 ]
 
 log = logging.getLogger("heddle.run")
@@ -53,6 +57,31 @@ HISTORY_DIR = Path(".heddle/history")
 def state_dir(name: str) -> Path:
     """``name`` under the state folder: ``$HEDDLE_STATE_DIR/name``, else ``.heddle/name``."""
     return Path(os.environ.get(STATE_DIR_ENV) or ".heddle") / name
+
+
+def read_state(path: Path, max_bytes: int) -> str:
+    """A kept file's text: a regular file of at most ``max_bytes``, never through a link (a
+    shared volume's link to a FIFO or a device would hang the session, to another file
+    mislead it). Raises FileNotFoundError, or OSError with ``strerror`` saying why not."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if st.st_size > max_bytes:
+            raise OSError(errno.EFBIG, f"over {max_bytes} bytes")
+        return f.read(max_bytes + 1).decode("utf-8", errors="replace")
+
+
+def write_state(path: Path, text: str) -> None:
+    """Write ``path`` whole, then rename it in place (a reader never sees half): into a new
+    file of this process's own, never through a link put where it goes."""
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    partial.unlink(missing_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    with os.fdopen(os.open(partial, flags, 0o644), "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(partial, path)
 
 
 MAX_HISTORY_RECORDS = 65_536  # trajectories kept: the paper's 8,192 eight times over
@@ -142,11 +171,7 @@ class PreviousRollouts:
         """Pool ``pool``'s previous rollout; empty where none was kept or it was bad."""
         path = self._path(pool)
         try:
-            if path.stat().st_size > MAX_BYTES:
-                log.warning("previous rollout %s is over %d MiB; starting from the prior", path,
-                            MAX_BYTES >> 20)  # fmt: skip
-                return ()
-            text = path.read_text()
+            text = read_state(path, MAX_BYTES)
         except FileNotFoundError:
             return ()
         except OSError as exc:
@@ -174,9 +199,6 @@ class PreviousRollouts:
             text = json.dumps({"format": HISTORY_FORMAT, "records": rows}, separators=(",", ":"))
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            path = self._path(pool)
-            partial = path.with_suffix(f".{os.getpid()}.tmp")
-            partial.write_text(text + "\n")
-            partial.replace(path)
+            write_state(self._path(pool), text + "\n")
         except OSError as exc:  # the next session starts from the prior, nothing else
             log.warning("previous rollout not kept in %s (%s)", self.folder, exc.strerror)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -75,7 +76,31 @@ class TestKept:
         (tmp_path / "pool.json").write_text(" " * 5_000)
         with caplog.at_level(logging.WARNING, "heddle.run"):
             assert store.get("pool") == ()
-        assert any("over 0 MiB" in r.getMessage() for r in caplog.records)
+        assert any("over 4000 bytes" in r.getMessage() for r in caplog.records)
+
+    def test_links_and_fifos_are_neither_read_nor_written_through(
+        self, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """On a shared volume another job's author may put a link where a file is kept."""
+        store = PreviousRollouts(tmp_path / "history")
+        store.put("pool", _short_rollout())
+        kept = tmp_path / "history" / "pool.json"
+        elsewhere = tmp_path / "someone-elses.jsonl"
+        elsewhere.write_text("theirs\n")
+        kept.unlink()
+        kept.symlink_to(elsewhere)
+        fifo = tmp_path / "history" / "fifo.json"
+        os.mkfifo(fifo)  # reading it would wait for a writer forever
+        with caplog.at_level(logging.WARNING, "heddle.run"):
+            assert store.get("pool") == () and store.get("fifo") == ()
+        said = [r.getMessage() for r in caplog.records]
+        assert len(said) == 2 and all(s.endswith("starting from the prior") for s in said)
+        # A link where the file is written first: replaced, never written through.
+        partial = kept.with_suffix(f".{os.getpid()}.tmp")
+        partial.symlink_to(elsewhere)
+        store.put("pool", _short_rollout())
+        assert elsewhere.read_text() == "theirs\n"
+        assert store.get("pool") == _short_rollout()
 
     def test_the_default_folder_is_beside_the_decisions(self) -> None:
         assert Path(".heddle/history") == HISTORY_DIR
