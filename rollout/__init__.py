@@ -11,7 +11,10 @@ planning path from (job, pool, tasks) to a running session: ``prepare_job`` and
 from ._answers import expected_answer, extract_answer, same_answer
 from ._colocation import ColocationVerdict, live_colocation
 from ._contract import FAILED_ROWS, is_placeholder, order_rows, placeholder_record
+from ._decide import NextDecisions, announce_next, decide_ahead, decide_run, plan_pool
 from ._decided import (
+    AHEAD_WAIT_LIMIT_S,
+    DECISIONS_DIR,
     DecidedRun,
     DecisionCache,
     decision_inputs,
@@ -140,13 +143,10 @@ from ._run import (
     ProgressPrinter,
     build_environment,
     build_session,
-    decide_ahead,
-    decide_run,
     drafts_feed_for,
     gateway_file,
     job_workload,
     perf_model_for,
-    plan_pool,
     prepare_job,
     prepare_manifests,
     read_job_tasks,
@@ -178,10 +178,12 @@ from ._tools import HermesParser, ToolCallParser, ToolInvocation, ToolsEnvironme
 from ._trainer_api import TRAINER_TOKEN_ENV, TrainerServer, create_trainer_app
 
 __all__ = [
+    "AHEAD_WAIT_LIMIT_S",
     "ALLOWED_HOSTS_ENV",
     "ANY_HOST",
     "CPUS_ENV",
     "DATA_ROOT",
+    "DECISIONS_DIR",
     "FAILED_ROWS",
     "GATEWAY_TOKEN_ENV",
     "HISTORY_DIR",
@@ -221,6 +223,7 @@ __all__ = [
     "LocalJob",
     "LocalPool",
     "LocalWorkerOptions",
+    "NextDecisions",
     "Outcome",
     "OutputRecord",
     "OutputSink",
@@ -257,6 +260,7 @@ __all__ = [
     "TrajectoryRun",
     "TrajectoryStatus",
     "action_ranges",
+    "announce_next",
     "build_environment",
     "build_session",
     "check_record",

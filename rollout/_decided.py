@@ -21,9 +21,11 @@ sentence in the log, and the session decides afresh.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
@@ -42,6 +44,8 @@ from ._previous import read_state, state_dir, write_state
 from ._prior import prompt_tokens
 
 __all__ = [
+    "AHEAD_WAIT_LIMIT_S",
+    "DECISIONS_DIR",
     "DECISIONS_FORMAT",
     "DecidedRun",
     "DecisionCache",
@@ -56,6 +60,12 @@ __all__ = [
 log = logging.getLogger("heddle.run")
 
 DECISIONS_FORMAT = "heddle.decisions/v1"
+PENDING_FORMAT = "heddle.decisions-pending/v1"
+DECISIONS_DIR = Path(".heddle/decisions")  # under a session pod's data root (its volume)
+# A session waits at most this long for decisions another process announced it is taking
+# ahead (a marker left by a process that was killed promises no more than this).
+AHEAD_WAIT_LIMIT_S = 600.0
+_POLL_S = 0.2
 # Prompts are not in the key: the next iteration's batch differs in content, not in what
 # the sketch does with it. A record is taken where the prompts' mean length is within this
 # of the one it was decided on (a grid would split iterations at its steps).
@@ -284,6 +294,59 @@ class DecisionCache:
             log.warning("%s; deciding afresh", str(exc).split("\n", 1)[0])
             return None
         return found if found.key == key else None
+
+    def _pending(self, key: str) -> Path:
+        return self.folder / f"{key}.pending"
+
+    def announce(self, key: str, expected_s: float) -> None:
+        """Say that the decisions under ``key`` are being taken ahead and should be kept
+        within ``expected_s`` seconds (at most :data:`AHEAD_WAIT_LIMIT_S`): a session in
+        another process with that key waits for them (:meth:`wait`) rather than decide
+        the same again. :meth:`settle` takes the word back."""
+        until = time.time() + min(max(expected_s, 0.0), AHEAD_WAIT_LIMIT_S)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            write_state(self._pending(key), json.dumps({"format": PENDING_FORMAT, "until": until}))
+        except OSError as exc:  # no session will wait: it decides itself, as before
+            log.warning("decisions ahead not announced in %s (%s)", self.folder, exc.strerror)
+
+    def settle(self, key: str) -> None:
+        """The decisions announced under ``key`` are kept, or will not be."""
+        with contextlib.suppress(OSError):
+            self._pending(key).unlink()
+
+    def pending_until(self, key: str) -> float | None:
+        """When decisions announced under ``key`` should be kept (epoch seconds), or None
+        where none are announced, or the marker is not one (it is untrusted: a shared
+        volume's; read as a bounded regular file, its time at most the limit away)."""
+        try:
+            data = json.loads(read_state(self._pending(key), DECISION_BYTES))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(data, Mapping) or data.get("format") != PENDING_FORMAT:
+            return None
+        until = data.get("until")
+        if not _seconds(until):
+            return None
+        return float(min(until, time.time() + AHEAD_WAIT_LIMIT_S))
+
+    def wait(self, key: str) -> float:
+        """Wait while decisions under ``key`` are announced and not yet kept, until the
+        time they promised (at most :data:`AHEAD_WAIT_LIMIT_S`); the seconds waited."""
+        if not self.reuse:
+            return 0.0
+        started = time.monotonic()
+        deadline, slept = started + AHEAD_WAIT_LIMIT_S, False
+        while not (self.folder / f"{key}.json").exists():
+            until = self.pending_until(key)
+            if until is None:
+                break
+            left = min(until - time.time(), deadline - time.monotonic())
+            if left <= 0:
+                break
+            time.sleep(min(_POLL_S, left))
+            slept = True
+        return time.monotonic() - started if slept else 0.0
 
     def put(self, decided: DecidedRun) -> None:
         """Keep ``decided`` (written whole, then renamed: a reader never sees half)."""

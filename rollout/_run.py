@@ -11,14 +11,11 @@ random-weight model that ``heddle model tiny`` writes (generated once into
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -31,29 +28,23 @@ from heddle.scheduler import (
     PerfModel,
     PoolShape,
     ProfiledPerfModel,
-    ShapeConfig,
     WorkloadSpec,
     get_policy,
     load_profile,
 )
-from heddle.scheduler.sim import MiniRunner, SimulatedShapePlanner
 from heddle.worker import Speculation, WorkerEndpoint
 
 from ._colocation import (
     ColocationVerdict,
     apply_colocation,
     live_colocation,
-    sim_speculation_for,
 )
+from ._decide import decide_ahead, decide_run
 from ._decided import (
     DecidedRun,
     DecisionCache,
     PoolPlan,
-    decision_key,
-    mean_prompt_tokens,
-    prompts_match,
 )
-from ._decisions import ProcessRunner
 from ._drafts_feed import DRAFTING_METHODS, DraftsFeed, pool_corpus
 from ._environments import Environment, SyntheticEnvironment, synthetic_tasks
 from ._external import ExternalEnvironment
@@ -64,7 +55,6 @@ from ._local import LocalPool, LocalWorkerOptions, is_tiny_model
 from ._output import OutputSink
 from ._presets import WORKLOAD_PRESETS, load_workload
 from ._previous import PreviousRollouts, finished_records
-from ._prior import prior_sketch
 from ._progress import Progress, SessionMetrics
 from ._reward_stats import read_output_records, reward_stats
 from ._rewards import make_scorer
@@ -81,7 +71,6 @@ __all__ = [
     "PoolPlan",
     "ProgressPrinter",
     "build_session",
-    "decide_run",
     "gateway_file",
     "job_workload",
     "perf_model_for",
@@ -243,152 +232,6 @@ def perf_model_for(pool: EnginePoolSpec, options: LocalWorkerOptions | None = No
     lowered = pool.model.lower()
     model = next((m for m in MODEL_PRESETS if m in lowered), "qwen3-8b")
     return PerfModel(MODEL_PRESETS[model], HARDWARE_PRESETS["h100-sxm"])
-
-
-def plan_pool(
-    local: LocalJob,
-    perf: PerfModel,
-    speculation: Speculation | None = None,
-    runner: MiniRunner | None = None,
-) -> PoolPlan:
-    """A pinned shape as given; otherwise planned from the predictor's prior (no history).
-
-    The same planner as the simulator's (:class:`SimulatedShapePlanner`): each
-    candidate shape is scored by a scaled-down simulation of the predicted
-    trajectories (their lengths and turns from the predictor's prior; tool
-    latency and reply length from the synthetic workload when there is one),
-    so the KV cache, recompute, the batch cap and tool time count, with the
-    pool's speculation (``speculation`` overrides it, as in :func:`live_colocation`);
-    ``runner`` runs its simulations (default: inline; :class:`ProcessRunner`: on
-    worker processes).
-    """
-    pool = local.pool
-    if pool.shape is not None:
-        return PoolPlan(pool.shape, local.job.policy)
-    sizes = pool.tensor_parallel_sizes
-    if isinstance(perf, ProfiledPerfModel):  # plan only on what the profile measured
-        sizes = tuple(tp for tp in sizes if tp in perf.profile.tps)
-    smallest = min(sizes)
-    baseline = PoolShape.of({smallest: pool.gpus // smallest})
-    policy = get_policy(local.job.policy)
-    if not policy.adaptive_shape or policy.predictor is None:
-        return PoolPlan(baseline, local.job.policy)
-    sketch = prior_sketch(local, policy.predictor)
-    config = ShapeConfig(
-        gpu_budget=pool.gpus,
-        gpus_per_node=pool.gpus_per_node,
-        tensor_parallel_sizes=sizes,
-    )
-    # No running shape to weigh a reshape against: the pool takes the plan (the
-    # operator reshapes to it), and its fallback and cap were scored on that shape.
-    spec = sim_speculation_for(speculation or pool.speculation)
-    planner = SimulatedShapePlanner(perf, config, speculation=spec, runner=runner)
-    plan = planner.plan_history(
-        sketch.records,
-        None,
-        tool_means_s=sketch.tool_means_s,
-        tool_output_tokens=sketch.tool_output_tokens,
-        policy=policy.name,
-    )
-    if plan.fallback_policy is None:
-        return PoolPlan(plan.shape, local.job.policy)
-    cap = plan.max_trajectories_per_engine
-    return PoolPlan(
-        plan.shape, plan.fallback_policy, cap * plan.shape.num_instances if cap else None
-    )
-
-
-# Decisions being taken ahead in this process, by key (:func:`decide_ahead`).
-_AHEAD: dict[str, Future[DecidedRun]] = {}
-_AHEAD_THREAD = ThreadPoolExecutor(1, thread_name_prefix="heddle-decide-ahead")
-
-
-def decide_ahead(
-    local: LocalJob, perf: PerfModel, speculation: Speculation | None, cache: DecisionCache
-) -> Future[DecidedRun]:
-    """Take, in the background, the decisions of the next iteration of ``local``'s job:
-    the same template on ``local.history`` (this run's rollout, as the next run will read
-    it), kept in ``cache``. A :func:`decide_run` in this process with that key waits for
-    it instead of deciding again; the trainer trains meanwhile (docs/speculation.md)."""
-    key = decision_key(local, perf, speculation)
-
-    def take() -> DecidedRun:
-        kept = cache.get(key, local)  # the same inputs decided before: nothing to do
-        if kept is not None and prompts_match(kept, local):
-            return kept
-        return _decide(local, perf, speculation, key, cache)
-
-    future = _AHEAD_THREAD.submit(take)
-    _AHEAD[key] = future
-    return future
-
-
-def decide_run(
-    local: LocalJob,
-    perf: PerfModel,
-    speculation: Speculation | None = None,
-    *,
-    earlier: DecidedRun | None = None,
-    cache: DecisionCache | None = None,
-) -> DecidedRun:
-    """The run's shape and routing (:func:`plan_pool`), whether it keeps GRPO groups whole
-    (:func:`live_colocation`), and the seconds deciding took: each decision's
-    simulations side by side on worker processes (:class:`ProcessRunner`). Blocking;
-    the session pod calls it off its loop.
-
-    Taken instead from ``earlier`` (the pool's last record, already checked) or from
-    ``cache`` where one was kept under the same :func:`decision_key`: the same inputs
-    give the same decisions, so an iteration of a job decided before starts at once
-    (rollout/_decided.py). What is decided here is kept in ``cache``.
-    """
-    key = decision_key(local, perf, speculation)
-    found = earlier if earlier is not None and earlier.key == key else None
-    waited = 0.0
-    if found is None and cache is not None:
-        ahead = _AHEAD.pop(key, None)
-        if ahead is not None:  # decided ahead by the previous run in this process
-            started = time.perf_counter()
-            with contextlib.suppress(Exception):  # it failed: decided here instead
-                ahead.result()
-            waited = time.perf_counter() - started
-        found = cache.get(key, local)
-    if found is not None and not prompts_match(found, local):
-        log.info("%s: decisions kept under this key were taken on prompts of %.0f tokens "
-                 "(these: %.0f); deciding afresh", local.job.name, found.prompt_mean_tokens,
-                 mean_prompt_tokens(local))  # fmt: skip
-        found = None
-    if found is not None:
-        log.info("%s: shape %s and co-location reused from an earlier run with the same "
-                 "inputs (deciding took %.1f s then; waited %.1f s for it)", local.job.name,
-                 found.plan.shape, found.decided_s, waited)  # fmt: skip
-        return replace(found, reused=True, waited_s=waited)
-    decided = _decide(local, perf, speculation, key, cache)
-    return replace(decided, waited_s=waited) if waited else decided
-
-
-def _decide(
-    local: LocalJob,
-    perf: PerfModel,
-    speculation: Speculation | None,
-    key: str,
-    cache: DecisionCache | None,
-) -> DecidedRun:
-    """Decide by simulating (:func:`decide_run` found none kept), and keep the answer."""
-    started = time.perf_counter()
-    with ProcessRunner() as runner:
-        plan = plan_pool(local, perf, speculation, runner)
-        colocation = live_colocation(
-            local, plan.shape, plan.policy, plan.max_trajectories_in_flight, perf,
-            speculation, runner,
-        )  # fmt: skip
-    took = time.perf_counter() - started
-    on = f"{runner.used} worker processes" if runner.used > 1 else "the session's process"
-    log.info("%s: shape %s and co-location decided in %.1f s (on %s)", local.job.name,
-             plan.shape, took, on)  # fmt: skip
-    decided = DecidedRun(key, plan, colocation, took, mean_prompt_tokens(local))
-    if cache is not None:
-        cache.put(decided)
-    return decided
 
 
 def build_environment(local: LocalJob) -> Environment:
@@ -595,7 +438,8 @@ async def run_local(
             history.put(local.pool.name, finished_records(session.runs.values()))
             if ahead and decisions is not None:  # the next iteration's, as it will read it
                 kept = history.get(local.pool.name)
-                decide_ahead(replace(local, history=kept), perf, options.speculation, decisions)
+                decide_ahead(replace(local, history=kept), perf, options.speculation, decisions,
+                             decided.decided_s)  # fmt: skip
     finally:
         sink.close()  # the session closed it already unless it never ran
         if trainer_api is not None:  # after a clean end, until the trainer heard it

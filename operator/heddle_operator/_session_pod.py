@@ -22,7 +22,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -30,13 +30,16 @@ from typing import Any
 from heddle.api import EnginePoolSpec, InstancePhase, JobPhase, RolloutJobSpec
 from heddle.exceptions import CheckpointError, ConfigError, HeddleError, ManifestError
 from heddle.rollout import (
+    DECISIONS_DIR,
     HISTORY_DIR,
     TRAINER_TOKEN_ENV,
     DecidedRun,
+    DecisionCache,
     ExternalEnvironment,
     Gateway,
     HostAllowList,
     LocalJob,
+    NextDecisions,
     OutputSink,
     PreviousRollouts,
     RolloutSession,
@@ -44,6 +47,7 @@ from heddle.rollout import (
     SessionMetrics,
     TaskSet,
     TrainerServer,
+    announce_next,
     build_environment,
     build_session,
     check_tool_hosts,
@@ -56,7 +60,7 @@ from heddle.rollout import (
     read_tasks,
     resolve_job,
 )
-from heddle.scheduler import PerfModel
+from heddle.scheduler import FinishedTrajectory, PerfModel
 from heddle.worker import TOKEN_ENV, WorkerEndpoint
 
 from ._builders import condition, now_iso
@@ -99,6 +103,9 @@ class SessionPodConfig:
     gateway_linger_s: float = 3.0  # served on after the end, so polling agents hear of it
     trainer_port: int = 0  # the trainer API's port (token: HEDDLE_TRAINER_TOKEN); 0: off
     metrics_port: int = _POD.metrics_port  # Prometheus /metrics (``heddle session``); 0: off
+    # Once the job's final status is written, take the pool's next job's start-up
+    # decisions on this rollout (kept on the job's volume; the trainer trains meanwhile).
+    decide_ahead: bool = True
 
 
 def ready_workers(
@@ -220,7 +227,9 @@ async def _run(
     # Mini-simulations (seconds to a minute, on worker processes): off the loop, which
     # keeps writing the job's status meanwhile.
     earlier = _earlier_decisions(pool_body, local, perf)
-    decided = await asyncio.to_thread(decide_run, local, perf, earlier=earlier)
+    decided = await asyncio.to_thread(
+        decide_run, local, perf, earlier=earlier, cache=_decisions(config)
+    )
     plan, colocation = decided.plan, decided.colocation
     # The decisions go to the pool's status through the operator: the next job reuses them.
     published = SessionPublished(decisions=decided.as_dict())
@@ -278,9 +287,20 @@ async def _run(
         condition("PoolReady", True, "InstancesReady", f"{len(workers)} instances"),
         condition("Running", True, "SessionRunning", _running(job.policy, plan.policy)),
     ]
+
+    def keep(records: list[FinishedTrajectory]) -> NextDecisions | None:
+        # Before the final status: the pool's next job starts from this rollout, and
+        # (decide_ahead) finds its decisions announced, to wait for rather than take.
+        _history(config).put(_history_name(job), records)
+        kept = _history(config).get(_history_name(job))
+        if not (config.decide_ahead and kept):
+            return None
+        return announce_next(replace(local, history=kept), perf, None, _decisions(config),
+                             decided.decided_s)  # fmt: skip
+
     try:
         await status.write(JobPhase.RUNNING, running, startTime=now_iso(), **planned)
-        await _drive(config, kube, local, session, status, workers, token)
+        ahead = await _drive(config, kube, local, session, status, workers, token, keep)
         if served is not None or trainer is not None:
             await asyncio.sleep(config.gateway_linger_s)
     finally:
@@ -288,12 +308,32 @@ async def _run(
             await asyncio.shield(served.stop())
         if trainer is not None:
             await asyncio.shield(trainer.stop())
+    if ahead is not None:
+        await asyncio.to_thread(_decide_next, job, ahead)
+
+
+def _decide_next(job: RolloutJobSpec, ahead: NextDecisions) -> None:
+    """The pool's next job's decisions, on this rollout; a failure costs that job only
+    its head start (it decides itself, as it would have)."""
+    log.info("%s: taking the pool's next job's start-up decisions ahead, on this rollout",
+             job.name)  # fmt: skip
+    try:
+        ahead.take()
+    except Exception:  # never the finished job's concern: logged, and the pod ends
+        log.warning("%s: the next job's decisions were not taken ahead", job.name,
+                    exc_info=True)  # fmt: skip
 
 
 def _history(config: SessionPodConfig) -> PreviousRollouts:
     """Where a pool's previous rollout is kept: under the data root, on the job's volume
     (a pod whose volumes are not writable there keeps none: logged, the prior used)."""
     return PreviousRollouts(config.base_dir / HISTORY_DIR)
+
+
+def _decisions(config: SessionPodConfig) -> DecisionCache:
+    """Where a session pod keeps its start-up decisions, and finds those taken ahead for
+    its job: beside the previous rollout, on the job's volume."""
+    return DecisionCache(config.base_dir / DECISIONS_DIR)
 
 
 def _history_name(job: RolloutJobSpec) -> str:
@@ -327,7 +367,10 @@ async def _drive(
     status: JobStatus,
     workers: dict[str, WorkerEndpoint],
     token: str | None,
-) -> None:
+    keep: Callable[[list[FinishedTrajectory]], NextDecisions | None],
+) -> NextDecisions | None:
+    """Run the session to its end and write the final status; what ``keep`` returned
+    (given the finished records before the final status)."""
     job = local.job
     task = asyncio.create_task(session.run())
     loaded: list[dict[str, str]] = []  # the WeightsLoaded condition, once written
@@ -349,8 +392,7 @@ async def _drive(
                 log.warning("%s: status not written this round: %s", job.name, exc)
             await asyncio.wait({task}, timeout=min(config.status_interval_s, config.poll_s))
         result = await task
-        # Before the final status: the pool's next job starts from this rollout.
-        _history(config).put(_history_name(job), finished_records(session.runs.values()))
+        ahead = keep(finished_records(session.runs.values()))
     finally:
         if not task.done():
             task.cancel()
@@ -371,10 +413,12 @@ async def _drive(
                 JobPhase.SUCCEEDED, final, completionTime=now_iso(), **progress_fields(p),
                 **_published(session, workers),
             )  # fmt: skip
-            return
+            return ahead
         except ApiError as exc:
             log.warning("%s: the final status not written (%s); trying again", job.name, exc)
             await asyncio.sleep(min(2.0**attempt, 10.0))
+    if ahead is not None:  # this pod fails instead: the next job must not wait for it
+        ahead.withdraw()
     raise HeddleError(f"could not write the final status of {job.name} to the API server")
 
 

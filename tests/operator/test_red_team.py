@@ -321,6 +321,9 @@ async def test_a_forged_kept_decision_is_set_aside_and_the_job_decides_afresh(
         done = await _finished(c, "probe")
         assert done["status"]["phase"] == "Succeeded", done["status"]
         key = done["status"]["decisions"]["key"]
+        # Its session kept them on the job's volume too, where the next job would take them
+        # as they are (the same inputs): gone, so that only the pool's record is offered.
+        (c.tmp / ".heddle" / "decisions" / f"{key}.json").unlink()
         # A pool no job has run on: the operator keeps no record of its own there.
         await c.apply(pool("p", 2, tensorParallelSizes=[1, 2]))
         forged = {**done["status"]["decisions"], "shape": [{"tp": 2, "replicas": 4}]}

@@ -260,13 +260,19 @@ async def test_the_sessions_planned_shape_and_decisions_reach_the_pool_through_s
         after_first = history.read_text()
         assert len(json.loads(after_first)["records"]) == len(KEYS)
 
-        # The next iteration (new output) starts from that rollout: other inputs, so it
-        # decides again, and the pool keeps both records, the latest first.
+        # The next iteration (new output) starts from that rollout: other inputs, whose
+        # decisions the first job's pod took ahead once it had ended (announced before
+        # its final status, kept on the job's volume); the next job waits for them, or
+        # finds them kept, and decides nothing. The pool keeps both records, latest first.
         await c.apply(job("j2", "p", tmp_path / "j2.jsonl"))
         obj = await _finished(c, "j2")
         assert obj["status"]["phase"] == "Succeeded", obj["status"]
         second = obj["status"]["decisions"]
-        assert second["reused"] is False and second["key"] != first["key"]
+        assert second["reused"] is True and second["key"] != first["key"], second
+        decisions = c.tmp / ".heddle" / "decisions"
+        ahead = json.loads((decisions / f"{second['key']}.json").read_text())
+        assert ahead["reused"] is False and ahead["decidedSeconds"] > 0.0
+        assert (ahead["shape"], ahead["policy"]) == (second["shape"], second["policy"])
 
         async def both() -> list[str] | None:
             keys = [r["key"] for r in (await c.get("enginepools", "p"))["status"]["decisions"]]

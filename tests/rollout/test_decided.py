@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,10 +20,12 @@ import pytest
 
 from heddle.exceptions import ConfigError
 from heddle.rollout import (
+    AHEAD_WAIT_LIMIT_S,
     DecidedRun,
     DecisionCache,
     LocalJob,
     PreviousRollouts,
+    announce_next,
     decide_run,
     decision_key,
     perf_model_for,
@@ -203,6 +207,61 @@ class TestUntrustedRecords:
                                  cache=DecisionCache(blocked / "decisions"))  # fmt: skip
         assert not decided.reused
         assert any("decisions not kept" in r.getMessage() for r in caplog.records)
+
+
+class TestAnnouncedAhead:
+    """Decisions one session takes ahead for the next, announced in the folder both read
+    (a session pod's volume): the next session waits for them instead of deciding. The
+    deciding side runs in a thread of its own here, through the folder only, as another
+    process would (not this process's in-process futures)."""
+
+    def test_the_next_session_waits_for_them_and_decides_nothing(
+        self, unpinned: LocalJob, tmp_path: Path
+    ) -> None:
+        perf = perf_model_for(unpinned.pool)
+        folder = tmp_path / "decisions"
+        ahead = announce_next(unpinned, perf, None, DecisionCache(folder), decided_s=5.0)
+        marker = folder / f"{ahead.key}.pending"
+        assert (DecisionCache(folder).pending_until(ahead.key) or 0.0) > time.time()
+
+        def other_process() -> None:
+            time.sleep(0.5)  # the next session is already waiting
+            ahead.take()
+
+        deciding = threading.Thread(target=other_process)
+        deciding.start()
+        decided = decide_run(unpinned, perf, cache=DecisionCache(folder))
+        deciding.join()
+        assert decided.reused and decided.key == ahead.key, decided
+        assert decided.waited_s >= 0.5 and decided.took_s == decided.waited_s
+        assert not marker.exists()  # the word taken back once kept
+
+    def test_a_marker_past_its_time_or_not_one_is_not_waited_for(
+        self, unpinned: LocalJob, tmp_path: Path
+    ) -> None:
+        folder = tmp_path / "decisions"
+        folder.mkdir()
+        cache, key = DecisionCache(folder), _key(unpinned)
+        marker = folder / f"{key}.pending"
+        fmt = "heddle.decisions-pending/v1"
+        for text in (
+            json.dumps({"format": fmt, "until": time.time() - 1.0}),  # its decider died
+            "not json",
+            json.dumps({"format": "other", "until": time.time() + 60.0}),
+            json.dumps({"format": fmt, "until": "soon"}),
+            json.dumps([fmt]),
+        ):
+            marker.write_text(text)
+            started = time.monotonic()
+            assert cache.wait(key) == 0.0 and time.monotonic() - started < 0.5, text
+        # A marker on a shared volume promising the far future is believed only so far.
+        marker.write_text(json.dumps({"format": fmt, "until": 1e12}))
+        until = cache.pending_until(key)
+        assert until is not None and until <= time.time() + AHEAD_WAIT_LIMIT_S
+        marker.unlink()
+        marker.symlink_to(folder / "elsewhere")  # never read through a link
+        assert cache.pending_until(key) is None
+        assert DecisionCache(folder, reuse=False).wait(key) == 0.0  # --fresh-decisions
 
 
 @pytest.mark.slow  # real worker processes (the simulated engine)

@@ -378,7 +378,8 @@ def test_local_vllm_on_the_tiny_model_plans_with_the_shipped_cpu_profile(
 
     from heddle.api._manifests import EnginePoolSpec, VLLMSpec
     from heddle.rollout import TINY_DIR, LocalWorkerOptions
-    from heddle.rollout._run import perf_model_for, plan_pool, prepare_job
+    from heddle.rollout._decide import plan_pool
+    from heddle.rollout._run import perf_model_for, prepare_job
     from heddle.scheduler import PoolShape, ProfiledPerfModel
 
     monkeypatch.chdir(tmp_path)  # TINY_DIR is relative to where heddle run runs

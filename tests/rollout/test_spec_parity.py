@@ -40,7 +40,7 @@ from heddle.rollout import (
     synthetic_tasks,
 )
 from heddle.rollout._colocation import sim_speculation_for
-from heddle.rollout._run import plan_pool
+from heddle.rollout._decide import plan_pool
 from heddle.scheduler import (
     HARDWARE_PRESETS,
     MODEL_PRESETS,
