@@ -104,6 +104,10 @@ from ._reshape import EngineSnapshot, Merge, TailMergeConfig, TailMergePlanner
 from ._shape import AnnealingShapePlanner, FixedShape, ShapeConfig, ShapePlan, ShapePlanner
 from ._speculation import (
     ACCEPTANCE_PRESETS,
+    AUTO_ACCEPTANCE,
+    AUTO_CONTEXT_TOKENS,
+    AUTO_MAX_K,
+    AUTO_SIBLINGS,
     HEDDLE_SPECULATION,
     METHODS,
     SEED_S_PER_TOKEN,
@@ -112,6 +116,7 @@ from ._speculation import (
     SeedQuery,
     SpeculationConfig,
     acceptance_model,
+    auto_k_table,
     choose_k,
     fit_acceptance,
     geometric_tokens_per_step,
@@ -153,6 +158,10 @@ from ._workload import Distribution, ToolSpec, TrajectoryScript, WorkloadSpec, g
 
 __all__ = [
     "ACCEPTANCE_PRESETS",
+    "AUTO_ACCEPTANCE",
+    "AUTO_CONTEXT_TOKENS",
+    "AUTO_MAX_K",
+    "AUTO_SIBLINGS",
     "BASELINES",
     "ENGINE_BATCH_CAP",
     "HARDWARE_PRESETS",
@@ -243,6 +252,7 @@ __all__ = [
     "accepted_prefix",
     "aged_priority",
     "aggregate",
+    "auto_k_table",
     "check_tp_sizes",
     "choose_k",
     "decide_replan",

@@ -13,7 +13,8 @@ Three decisions, shared by the simulator now and the live session and worker:
   model; 0 (off) wherever verifying drafts would not beat a plain step, so an
   engine is never slower than it would be without speculation.
   :func:`k_by_batch_size` is the batch-size -> K table a vLLM worker takes
-  (``num_speculative_tokens_per_batch_size``-style) for a pool's ``auto``.
+  (``num_speculative_tokens_per_batch_size``-style); :func:`auto_k_table` is the one
+  a worker builds for a pool's ``auto`` (and the simulator's Heddle runs take).
 * **Co-location** (:func:`plan_group_colocation`): whether putting each GRPO
   group on one engine pays — the siblings' acceptance gain against the
   imbalance of whole groups per engine, both predicted (the closed form; the
@@ -38,6 +39,10 @@ from ._replay import SampleReplay
 
 __all__ = [
     "ACCEPTANCE_PRESETS",
+    "AUTO_ACCEPTANCE",
+    "AUTO_CONTEXT_TOKENS",
+    "AUTO_MAX_K",
+    "AUTO_SIBLINGS",
     "HEDDLE_SPECULATION",
     "METHODS",
     "SEED_S_PER_TOKEN",
@@ -46,6 +51,7 @@ __all__ = [
     "SeedQuery",
     "SpeculationConfig",
     "acceptance_model",
+    "auto_k_table",
     "choose_k",
     "fit_acceptance",
     "geometric_tokens_per_step",
@@ -63,6 +69,14 @@ METHODS = ("off", "ngram", "suffix")
 # loop runs the insertion between steps, so the engine waits for it.
 SEED_S_PER_TOKEN: Final = 5.4e-6
 K_CHOICES = (1, 2, 3, 4, 5, 6, 7, 8)
+# What a worker's ``auto`` table is built on (:func:`auto_k_table`). A worker knows no
+# job's acceptance when it starts, so it takes our own measurement (SmolLM2-135M at
+# T=1.0: the table errs towards speculating less), a GRPO group's 15 siblings in its
+# tree (the session feeds them), this context per running sequence, and K up to 4.
+AUTO_ACCEPTANCE: Final = "pessimistic"
+AUTO_CONTEXT_TOKENS: Final = 1024
+AUTO_SIBLINGS: Final = 15
+AUTO_MAX_K: Final = 4  # K when none is given: vLLM's own examples use 3-5
 
 
 @dataclass(frozen=True)
@@ -385,6 +399,32 @@ def k_by_batch_size(
         else:
             rows.append((b, k))
     return tuple(rows)
+
+
+def auto_k_table(
+    perf: PerfModel,
+    tp: int,
+    method: str,
+    *,
+    max_num_seqs: int,
+    max_model_len: int | None = None,
+    max_k: int = AUTO_MAX_K,
+) -> tuple[tuple[int, int], ...]:
+    """The ``((up_to_batch, K), ...)`` table a worker started with ``auto`` speculation
+    drafts by (heddle.worker, ``auto_speculation``): :func:`k_by_batch_size` on
+    :data:`AUTO_ACCEPTANCE` with :data:`AUTO_SIBLINGS` siblings (suffix; none for
+    n-gram), at :data:`AUTO_CONTEXT_TOKENS` per sequence or half ``max_model_len``
+    where shorter, K in ``1..max_k``. The simulator's Heddle runs take this very table:
+    no worker builds its table on the acceptance a run will see."""
+    context = float(min(AUTO_CONTEXT_TOKENS, (max_model_len or 2 * AUTO_CONTEXT_TOKENS) // 2))
+    acceptance = ACCEPTANCE_PRESETS[AUTO_ACCEPTANCE]
+    siblings = AUTO_SIBLINGS if method == "suffix" else 0
+
+    def tokens_per_step(k: int) -> float:
+        return acceptance.tokens_per_step(method, k, siblings=siblings)
+
+    ks = tuple(range(1, max_k + 1))
+    return k_by_batch_size(perf, tp, context, tokens_per_step, max_num_seqs, ks)
 
 
 @dataclass(frozen=True)

@@ -20,15 +20,14 @@ the session's own choice (heddle.rollout.perf_model_for). Context per sequence:
 
 from __future__ import annotations
 
-from typing import Final
-
 from heddle.scheduler import (
-    ACCEPTANCE_PRESETS,
+    AUTO_ACCEPTANCE,
+    AUTO_CONTEXT_TOKENS,
     HARDWARE_PRESETS,
     MODEL_PRESETS,
     PerfModel,
     ProfiledPerfModel,
-    k_by_batch_size,
+    auto_k_table,
     load_profile,
 )
 
@@ -41,10 +40,6 @@ __all__ = [
     "auto_table",
     "format_speculation",
 ]
-
-AUTO_CONTEXT_TOKENS: Final = 1024  # tokens per running sequence the table is costed at
-AUTO_ACCEPTANCE: Final = "pessimistic"  # our SmolLM2 measurement (docs/speculation.md)
-AUTO_SIBLINGS: Final = 15  # a GRPO group of 16 drafts from its siblings (the session feeds them)
 
 
 def _perf_model(model: str, tp: int, batch_cap: int, cpu_build: bool) -> tuple[PerfModel, int]:
@@ -68,17 +63,11 @@ def auto_table(
     cpu_build: bool,
     max_k: int,
 ) -> tuple[BatchSizeTokens, ...]:
-    """``((first, last, K), ...)`` over batch sizes 1..``max_num_seqs``; K 0: off there."""
+    """``((first, last, K), ...)`` over batch sizes 1..``max_num_seqs``; K 0: off there
+    (:func:`heddle.scheduler.auto_k_table`, which the simulator takes too)."""
     perf, at = _perf_model(model, tp, max_num_seqs, cpu_build)
-    context = float(min(AUTO_CONTEXT_TOKENS, (max_model_len or 2 * AUTO_CONTEXT_TOKENS) // 2))
-    acceptance = ACCEPTANCE_PRESETS[AUTO_ACCEPTANCE]
-    siblings = AUTO_SIBLINGS if method == "suffix" else 0
-
-    def tokens_per_step(k: int) -> float:
-        return acceptance.tokens_per_step(method, k, siblings=siblings)
-
-    rows = k_by_batch_size(
-        perf, at, context, tokens_per_step, max_num_seqs, tuple(range(1, max_k + 1))
+    rows = auto_k_table(
+        perf, at, method, max_num_seqs=max_num_seqs, max_model_len=max_model_len, max_k=max_k
     )
     table: list[BatchSizeTokens] = []
     first = 1

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
 
 from heddle.exceptions import ConfigError
+from heddle.scheduler import AUTO_MAX_K
 
 __all__ = [
     "DEFAULT_SPECULATIVE_TOKENS",
@@ -34,7 +35,7 @@ __all__ = [
 
 SpeculationMethod = Literal["off", "ngram", "suffix", "auto"]
 SPECULATION_METHODS: tuple[str, ...] = get_args(SpeculationMethod)
-DEFAULT_SPECULATIVE_TOKENS = 4  # K when none is given: vLLM's own examples use 3-5
+DEFAULT_SPECULATIVE_TOKENS = AUTO_MAX_K  # K when none is given (heddle.scheduler)
 MAX_SPECULATIVE_TOKENS = 32  # suffix trees draft at most their depth (vLLM's default 24)
 # Sampling parameters vLLM refuses on every request while speculation is configured
 # (SamplingParams._validate_spec_decode); Heddle's surfaces refuse them up front.

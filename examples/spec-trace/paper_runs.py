@@ -9,9 +9,12 @@ numpy is installed) and appends one JSON line per run to OUT/runs.jsonl.
     python examples/spec-trace/paper_runs.py OUT [PROCESSES] [DEADLINE_S] [SCALE]
 
 SCALE: ``small`` (2,048 on 16), ``paper`` (8,192 on 64), ``both``, ``issue26``
-(the runs of the tables after the co-location decision and the drafting corpus), or
-``no-history`` (Heddle's rows of those tables without the previous rollout, which
-the live session does not have: docs/speculation.md, "Without the previous rollout").
+(the runs of the tables after the co-location decision and the drafting corpus),
+``no-history`` (Heddle's rows of those tables without the previous rollout, which a
+job's first iteration does not have: docs/speculation.md, "Without the previous
+rollout"), or ``heddle`` (Heddle's rows of the main tables, the sensitivity table and
+the presets no speculation code was tuned on; the baselines' rows do not change when
+only Heddle's code does).
 """
 
 from __future__ import annotations
@@ -137,6 +140,38 @@ def no_history_configs() -> list[dict[str, Any]]:
     return rows
 
 
+# The presets no speculation code was tuned on, 2,048 on 16 (docs/speculation.md).
+UNTUNED = ("bimodal", "pareto", "swe")
+
+
+def heddle_configs() -> list[dict[str, Any]]:
+    """Heddle's rows of the main tables (both scales and acceptances), of the sensitivity
+    table, and on the untuned presets (both acceptances)."""
+    rows: list[dict[str, Any]] = []
+    for size in ({"prompts": 128, "gpus": 16}, {"prompts": None, "gpus": None}):
+        for acceptance in ("default", "pessimistic"):
+            for w, (cluster, *_rest) in WORKLOADS.items():
+                rows.append({"workload": w, "cluster": cluster, **size, **HEDDLE,
+                             "acceptance": acceptance})  # fmt: skip
+    small = {"cluster": "cluster-tp4", "prompts": 128, "gpus": 16}
+    for tau in SENSITIVITY:
+        rows.append({"workload": "coding", **small, **HEDDLE, "acceptance": tau})
+    for acceptance in ("default", "pessimistic"):
+        for w in UNTUNED:
+            rows.append({"workload": w, **small, **HEDDLE, "acceptance": acceptance})
+    return rows
+
+
+def _spec(name: str) -> dict[str, Any]:
+    """A workload preset: from specs.json, else its YAML (needs PyYAML)."""
+    if name in SPECS:
+        return dict(SPECS[name])
+    import yaml  # noqa: PLC0415 - only for the presets specs.json does not hold
+
+    path = HERE.parents[1] / "scheduler" / "presets" / f"{name}.yaml"
+    return dict(yaml.safe_load(path.read_text()))
+
+
 def _importable() -> None:
     """Where heddle is not installed: the pure scheduler package on its own (numpy only)."""
     try:
@@ -173,7 +208,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
     )
 
     started = time.perf_counter()
-    spec = WorkloadSpec.from_dict(SPECS[cfg["workload"]], f"preset {cfg['workload']!r}")
+    spec = WorkloadSpec.from_dict(_spec(cfg["workload"]), f"preset {cfg['workload']!r}")
     if cfg["prompts"] is not None:
         spec = replace(spec, prompts=cfg["prompts"])
     bench = synthetic_bench(spec, 1)
@@ -233,9 +268,11 @@ def main() -> None:
     scale = sys.argv[4] if len(sys.argv) > 4 else "both"
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    todo = {"issue26": issue26_configs, "no-history": no_history_configs}.get(
-        scale, lambda: configs(scale)
-    )()
+    todo = {
+        "issue26": issue26_configs,
+        "no-history": no_history_configs,
+        "heddle": heddle_configs,
+    }.get(scale, lambda: configs(scale))()
     with mp.Pool(procs) as pool, (out / "runs.jsonl").open("a") as f:
         pending = [pool.apply_async(run, (c,)) for c in todo]
         while pending and time.perf_counter() - t0 < deadline:

@@ -29,12 +29,13 @@ from heddle.exceptions import ConfigError
 from .._perf import PerfModel
 from .._placement import ClusterView, StickyPlacement
 from .._speculation import (
+    AUTO_MAX_K,
     SEED_S_PER_TOKEN,
     AcceptanceModel,
     SeedQuery,
     SpeculationConfig,
+    auto_k_table,
     choose_k,
-    k_by_batch_size,
     seed_text_pays,
     unseeded_history,
 )
@@ -85,8 +86,8 @@ class SimSpeculation:
     * ``seed_history``: earlier iterations' outputs of the task (this many samples,
       kept per task id) are inserted into an engine before a group member first runs
       there;
-    * ``k_table``: K from a batch-size table fixed at the engine's start
-      (:func:`k_by_batch_size`, what a vLLM worker takes), not per segment.
+    * ``k_table``: K from the batch-size table a worker started with ``auto`` builds
+      (:func:`auto_k_table`), fixed at the engine's start, not per segment.
 
     Every inserted token costs its engine ``seed_s_per_token`` of loop time.
     ``pool_engines``: the engines the previous iteration spread a task's samples over,
@@ -157,7 +158,6 @@ class EngineSpeculator:
         perf: PerfModel,
         group_sizes: Mapping[str, int] | None = None,
         history_tokens: Mapping[str, float] | None = None,
-        context_per_sequence: float = 0.0,
     ) -> None:
         self.spec = spec
         self.perf = perf
@@ -174,7 +174,6 @@ class EngineSpeculator:
         self._now = 0.0
         self.group_sizes = dict(group_sizes or {})
         self.history_tokens = dict(history_tokens or {})  # group -> tokens of its history
-        self.context_per_sequence = context_per_sequence
         self.seeded_tokens = 0.0  # tokens inserted into suffix caches (reports)
         self.seed_s = 0.0  # engine seconds those insertions cost
         self.k_steps: Counter[int] = Counter()  # segments started at each K (reports)
@@ -365,14 +364,18 @@ class EngineSpeculator:
                 self.seeded_history[name].add(group)
 
     # -- K ------------------------------------------------------------------------
-    def _table_k(self, engine: SimEngine, batch: int, tau: Callable[[int], float]) -> int:
-        """K from the engine's batch-size table, fixed when the engine first runs (with
-        the acceptance its first batch expects), as a vLLM worker's table is."""
+    def _table_k(self, engine: SimEngine, batch: int) -> int:
+        """K from the batch-size table a worker started with ``auto`` builds
+        (:func:`auto_k_table`: on the acceptance it assumes, not the run's, which no
+        worker knows when it starts), fixed for the engine's life as the worker's is."""
         tp = engine.instance.tp
         table = self._tables.get(tp)
         if table is None:
-            per_seq = self.context_per_sequence or engine.running_context / max(1, batch)
-            table = k_by_batch_size(self.perf, tp, per_seq, tau)
+            config = self.spec.config
+            table = auto_k_table(
+                self.perf, tp, config.method, max_num_seqs=self.perf.batch_cap,
+                max_k=config.num_speculative_tokens or AUTO_MAX_K,
+            )  # fmt: skip
             self._tables[tp] = table
         return _k_at(table, batch)
 
@@ -397,7 +400,7 @@ class EngineSpeculator:
         elif self.spec.k_by_batch_size:
             k = _k_at(self.spec.k_by_batch_size, batch)
         elif self.spec.k_table:
-            k = self._table_k(engine, batch, tau)
+            k = self._table_k(engine, batch)
         else:
             k = choose_k(self.perf, engine.instance.tp, batch, engine.running_context, tau)
         self.k_steps[k] += 1
@@ -490,20 +493,17 @@ def make_speculator(
 ) -> EngineSpeculator:
     """The speculator for a run over ``scripts``: group sizes (how many siblings there
     are to seed), the tokens a group's history texts hold (its outputs: the previous
-    iteration's are taken to be as long as this one's, for what inserting them costs),
-    and the mean context a sequence holds over its life (for a K table)."""
+    iteration's are taken to be as long as this one's, for what inserting them costs)."""
     sizes: Counter[str] = Counter()
     history: dict[str, float] = defaultdict(float)
-    contexts = 0.0
     for s in scripts:
         sizes[s.group_id] += 1
         history[s.group_id] += s.total_tokens
-        contexts += s.prompt_tokens + (s.total_tokens + sum(s.tool_output_tokens)) / 2
     if spec.seed_history:
         # ``seed_history`` samples of the task, each as long as this iteration's mean.
         for g, total in history.items():
             history[g] = total / sizes[g] * min(spec.seed_history, MAX_SEEDED_PER_TASK)
-    return EngineSpeculator(spec, perf, sizes, history, contexts / max(1, len(scripts)))
+    return EngineSpeculator(spec, perf, sizes, history)
 
 
 def attach(engines: Iterable[SimEngine], speculator: EngineSpeculator | None) -> None:

@@ -12,6 +12,7 @@ import pytest
 from heddle.exceptions import ConfigError
 from heddle.scheduler import (
     ACCEPTANCE_PRESETS,
+    AUTO_MAX_K,
     ClusterSpec,
     ClusterView,
     FinishedTrajectory,
@@ -20,7 +21,9 @@ from heddle.scheduler import (
     SpeculationConfig,
     Trajectory,
     TrajectoryScript,
+    auto_k_table,
     get_policy,
+    k_by_batch_size,
 )
 from heddle.scheduler.sim import (
     GroupStickyPlacement,
@@ -481,3 +484,20 @@ def test_a_replica_is_credited_the_pools_share_of_history() -> None:
     own = planner._makespan(replica)  # the replica's 4 engines: 2 earlier samples each
     pooled = planner._makespan(replace(replica, pool_engines=16))  # the pool's: 0.5
     assert pooled > own
+
+
+def test_the_k_table_is_the_one_an_auto_worker_builds_whatever_the_runs_acceptance() -> None:
+    # A worker started with `auto` builds its table before any job runs, on the
+    # acceptance it assumes (auto_k_table); a run whose drafts are accepted more (the
+    # default preset here) must not draft by a table built on that, which no worker has.
+    sim = heddle_run(groups_of([1200] * 8), heddle_speculation(SUFFIX, DEFAULT))
+    result = sim.run()
+    table = auto_k_table(sim.perf, 1, "suffix", max_num_seqs=sim.perf.batch_cap)
+    used = {int(k) for k in result.speculation["k_segments"]}
+    assert used and used <= {k for _, k in table}, (used, table)
+    assert max(used) <= AUTO_MAX_K
+    # The run's own acceptance would have drafted more at a batch of one.
+    own = k_by_batch_size(sim.perf, 1, 1024.0,
+                          lambda k: DEFAULT.tokens_per_step("suffix", k, siblings=15),
+                          sim.perf.batch_cap)  # fmt: skip
+    assert own[0][1] > table[0][1]
