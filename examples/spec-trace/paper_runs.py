@@ -12,9 +12,10 @@ SCALE: ``small`` (2,048 on 16), ``paper`` (8,192 on 64), ``both``, ``issue26``
 (the runs of the tables after the co-location decision and the drafting corpus),
 ``no-history`` (Heddle's rows of those tables without the previous rollout, which a
 job's first iteration does not have: docs/speculation.md, "Without the previous
-rollout"), or ``heddle`` (Heddle's rows of the main tables, the sensitivity table and
+rollout"), ``heddle`` (Heddle's rows of the main tables, the sensitivity table and
 the presets no speculation code was tuned on; the baselines' rows do not change when
-only Heddle's code does).
+only Heddle's code does), or ``findings`` (the findings table's rows, one mechanism at
+a time, the K-per-segment row left out: it drafts by no table).
 """
 
 from __future__ import annotations
@@ -162,6 +163,19 @@ def heddle_configs() -> list[dict[str, Any]]:
     return rows
 
 
+def findings_configs() -> list[dict[str, Any]]:
+    """The findings table's Heddle rows (one mechanism at a time) that draft by the K
+    table, both scales, default acceptance."""
+    rows: list[dict[str, Any]] = []
+    for size in ({"prompts": 128, "gpus": 16}, {"prompts": None, "gpus": None}):
+        for w, (cluster, *_rest) in WORKLOADS.items():
+            for name, knobs in ABLATIONS.items():
+                if knobs.get("k_table", True):
+                    rows.append({"workload": w, "cluster": cluster, **size, **HEDDLE,
+                                 "acceptance": "default", "ablation": name, **knobs})  # fmt: skip
+    return rows
+
+
 def _spec(name: str) -> dict[str, Any]:
     """A workload preset: from specs.json, else its YAML (needs PyYAML)."""
     if name in SPECS:
@@ -272,6 +286,7 @@ def main() -> None:
         "issue26": issue26_configs,
         "no-history": no_history_configs,
         "heddle": heddle_configs,
+        "findings": findings_configs,
     }.get(scale, lambda: configs(scale))()
     with mp.Pool(procs) as pool, (out / "runs.jsonl").open("a") as f:
         pending = [pool.apply_async(run, (c,)) for c in todo]
