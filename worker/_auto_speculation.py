@@ -2,10 +2,11 @@
 
 A worker started with ``--speculation auto`` (and no ``--speculative-tokens-by-batch-size``
 of its own) drafts with ``suffix`` where arctic-inference imports, else ``ngram``, and
-takes K per engine step from :func:`heddle.scheduler.k_by_batch_size`: for each running
-batch size up to the engine's batch cap, the K in ``1..num_speculative_tokens`` that
-maximises output tokens per second under Heddle's performance model, or 0 (off) where
-no K beats a plain step by 2% — a compute-bound engine at full batch. The acceptance is
+takes K per engine step from :func:`heddle.scheduler.auto_k_table` (which the
+simulator's Heddle runs take too): for each running batch size up to the engine's
+cap, the K in ``1..num_speculative_tokens`` that maximises output tokens per second
+under Heddle's performance model, or 0 (off) where no K beats a plain step by 2% — a
+compute-bound engine at full batch. The acceptance is
 our own measurement (``ACCEPTANCE_PRESETS["pessimistic"]``: SmolLM2-135M at T=1.0,
 suffix decoding with a GRPO group's siblings in the engine's tree, 1.29 tokens per
 step at K=4; n-gram 1.11), so the table errs towards speculating less. The table is
