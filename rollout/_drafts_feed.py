@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -61,6 +62,10 @@ __all__ = [
 log = logging.getLogger("heddle.session.drafts")
 
 DRAFTING_METHODS: Final = ("suffix", "auto")  # methods whose engines draft from other texts
+# How old an engine's /v1/state may be when the seed gate reads its K table (an auto
+# engine rebuilds it from the acceptance it measures; one read costs the engine a
+# collective_rpc between steps).
+STATE_REFRESH_S: Final = 10.0
 
 
 class _HasId(Protocol):
@@ -211,6 +216,7 @@ class DraftsFeed:
         self._pushed: dict[tuple[str, str], set[str]] = {}  # (engine, task) -> siblings inserted
         self._history_seeded: dict[tuple[str, str], int] = {}  # (engine, task) -> samples
         self._states: dict[str, Mapping[str, Any]] = {}  # engine -> its /v1/state
+        self._state_at: dict[str, float] = {}  # engine -> when its /v1/state was read
         self._sizes: dict[str, int] | None = None  # task -> trajectories (the group's size)
         self._pool_engines = 0  # the pool's engines (track()); 0: those seen
 
@@ -287,6 +293,7 @@ class DraftsFeed:
             for key in [k for k in held if k[0] == engine]:
                 del held[key]
         self._states.pop(engine, None)
+        self._state_at.pop(engine, None)
         dropped = self._queue.pop(engine, OrderedDict())
         self._queued -= sum(len(v) for v in dropped.values())
         self._not_drafting.discard(engine)
@@ -389,6 +396,7 @@ class DraftsFeed:
         if known is None:
             state = await client.state()
             self._states[engine] = state
+            self._state_at[engine] = time.monotonic()
             method = (state.get("speculation") or {}).get("method")
             known = self._drafting[engine] = method == "suffix"
             if not known:
@@ -396,6 +404,18 @@ class DraftsFeed:
                          "there", self.job, engine, method or "off")  # fmt: skip
                 self._not_drafting.add(engine)
         return known
+
+    async def _fresh_state(self, engine: str, client: SeedsDrafts) -> Mapping[str, Any]:
+        """``engine``'s ``/v1/state``, read again once it is ``STATE_REFRESH_S`` old: an
+        ``auto`` suffix engine rebuilds its K table as it measures acceptance, and the
+        gate asks at the K it drafts with now. A failed read keeps the last one."""
+        if time.monotonic() - self._state_at.get(engine, 0.0) >= STATE_REFRESH_S:
+            self._state_at[engine] = time.monotonic()
+            try:
+                self._states[engine] = await client.state()
+            except (HeddleError, OSError, ValueError, KeyError, TypeError) as exc:
+                log.debug("%s: /v1/state of %s not read again (%s)", self.job, engine, exc)
+        return self._states.get(engine, {})
 
     def _unsend(self, engine: str, task_id: str, batch: Sequence[DraftText]) -> None:
         """Forget that ``batch`` went to ``engine``: the next step of the task there
@@ -425,7 +445,7 @@ class DraftsFeed:
                 return texts  # nothing goes there: the sender skips them
         except (HeddleError, OSError, ValueError, KeyError, TypeError):
             return texts  # the sender's call fails alike, and counts it
-        state = self._states.get(engine, {})
+        state = await self._fresh_state(engine, client)
         running = [
             (run.task.id, run.traj)
             for tid, on in self._on.items()

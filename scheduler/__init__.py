@@ -15,7 +15,8 @@ Everything the operator, the worker and the simulator decide about *when*,
 * :class:`PerfModel` – the explicit engine performance model all of them share,
 * speculative decoding: drafters replayed exactly (:func:`ngram_draft`, :class:`SuffixIndex`,
   :func:`replay_group`), the acceptance model, K by batch size (:func:`k_by_batch_size`)
-  and group co-location (:func:`plan_group_colocation`).
+  rebuilt from measured acceptance (:class:`MeasuredKTable`) and group co-location
+  (:func:`plan_group_colocation`).
 
 This package imports only the standard library, numpy and :mod:`heddle.exceptions`
 (checked by tests/quality).
@@ -33,6 +34,7 @@ from ._drafting import (
     ngram_draft,
 )
 from ._evaluation import PredictorQuality, evaluate_predictor, history_of
+from ._k_measured import K_TABLE_FORMAT, KTableSettings, MeasuredKTable, fit_alpha
 from ._limits import (
     ENGINE_BATCH_CAP,
     SAMPLING_DEFAULTS,
@@ -116,6 +118,7 @@ from ._speculation import (
     SeedQuery,
     SpeculationConfig,
     acceptance_model,
+    auto_context_tokens,
     auto_k_table,
     choose_k,
     fit_acceptance,
@@ -166,6 +169,7 @@ __all__ = [
     "ENGINE_BATCH_CAP",
     "HARDWARE_PRESETS",
     "HEDDLE_SPECULATION",
+    "K_TABLE_FORMAT",
     "METHODS",
     "MODEL_PRESETS",
     "POLICIES",
@@ -197,8 +201,10 @@ __all__ = [
     "FixedShape",
     "HardwareSpec",
     "Items",
+    "KTableSettings",
     "LeastLoadPlacement",
     "LengthPredictor",
+    "MeasuredKTable",
     "Merge",
     "MigrationConfig",
     "MigrationPlanner",
@@ -252,6 +258,7 @@ __all__ = [
     "accepted_prefix",
     "aged_priority",
     "aggregate",
+    "auto_context_tokens",
     "auto_k_table",
     "check_tp_sizes",
     "choose_k",
@@ -259,6 +266,7 @@ __all__ = [
     "engine_priority",
     "evaluate_predictor",
     "fit_acceptance",
+    "fit_alpha",
     "fit_decode",
     "fit_prefill",
     "fits_nodes",

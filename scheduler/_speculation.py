@@ -51,6 +51,7 @@ __all__ = [
     "SeedQuery",
     "SpeculationConfig",
     "acceptance_model",
+    "auto_context_tokens",
     "auto_k_table",
     "choose_k",
     "fit_acceptance",
@@ -401,6 +402,12 @@ def k_by_batch_size(
     return tuple(rows)
 
 
+def auto_context_tokens(max_model_len: int | None) -> float:
+    """Context per running sequence an ``auto`` table is built at: :data:`AUTO_CONTEXT_TOKENS`,
+    or half the model length where that is shorter."""
+    return float(min(AUTO_CONTEXT_TOKENS, (max_model_len or 2 * AUTO_CONTEXT_TOKENS) // 2))
+
+
 def auto_k_table(
     perf: PerfModel,
     tp: int,
@@ -416,7 +423,7 @@ def auto_k_table(
     n-gram), at :data:`AUTO_CONTEXT_TOKENS` per sequence or half ``max_model_len``
     where shorter, K in ``1..max_k``. The simulator's Heddle runs take this very table:
     no worker builds its table on the acceptance a run will see."""
-    context = float(min(AUTO_CONTEXT_TOKENS, (max_model_len or 2 * AUTO_CONTEXT_TOKENS) // 2))
+    context = auto_context_tokens(max_model_len)
     acceptance = ACCEPTANCE_PRESETS[AUTO_ACCEPTANCE]
     siblings = AUTO_SIBLINGS if method == "suffix" else 0
 

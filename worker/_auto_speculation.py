@@ -3,7 +3,11 @@
 A worker started with ``--speculation auto`` (and no ``--speculative-tokens-by-batch-size``
 of its own) drafts with ``suffix`` where arctic-inference imports, else ``ngram``, and
 takes K per engine step from :func:`heddle.scheduler.auto_k_table` (which the
-simulator's Heddle runs take too): for each running batch size up to the engine's
+simulator's Heddle runs take too). With ``suffix`` that table is where it starts: a
+:class:`heddle.scheduler.MeasuredKTable` in vLLM's worker process (:func:`measured_k_table`)
+rebuilds it from the acceptance the engine measures, every 2,048 request-steps, and
+caps the proposer's K by it (``/v1/state.speculation.by_batch_size`` shows the table
+now, ``.measured`` what it was built on). The table: for each running batch size up to the engine's
 cap, the K in ``1..num_speculative_tokens`` that maximises output tokens per second
 under Heddle's performance model, or 0 (off) where no K beats a plain step by 2% — a
 compute-bound engine at full batch. The acceptance is
@@ -21,11 +25,15 @@ the session's own choice (heddle.rollout.perf_model_for). Context per sequence:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from heddle.scheduler import (
     AUTO_ACCEPTANCE,
     AUTO_CONTEXT_TOKENS,
     HARDWARE_PRESETS,
     MODEL_PRESETS,
+    KTableSettings,
+    MeasuredKTable,
     PerfModel,
     ProfiledPerfModel,
     auto_k_table,
@@ -40,6 +48,7 @@ __all__ = [
     "auto_speculation",
     "auto_table",
     "format_speculation",
+    "measured_k_table",
 ]
 
 
@@ -78,6 +87,35 @@ def auto_table(
     return tuple(table)
 
 
+def measured_k_table(
+    *,
+    method: str,
+    model: str,
+    tp: int,
+    max_num_seqs: int,
+    max_model_len: int | None,
+    cpu_build: bool,
+    max_k: int,
+    rebuild_every_steps: int | None = None,
+) -> MeasuredKTable:
+    """The table an ``auto`` suffix engine caps K by, starting at :func:`auto_table`'s
+    (built in vLLM's worker process from these settings, which the engine passes);
+    ``rebuild_every_steps`` overrides :class:`KTableSettings`' (a test's short cadence)."""
+    perf, at = _perf_model(model, tp, max_num_seqs, cpu_build)
+    settings = KTableSettings()
+    if rebuild_every_steps is not None:
+        settings = replace(settings, rebuild_every_steps=rebuild_every_steps)
+    return MeasuredKTable(
+        perf,
+        at,
+        method,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        max_k=max_k,
+        settings=settings,
+    )
+
+
 def auto_speculation(
     speculation: Speculation,
     *,
@@ -113,11 +151,18 @@ def auto_speculation(
             f"speculation auto: off — on {where} no K up to {speculation.num_speculative_tokens} "
             f"pays at any batch size up to {max_num_seqs} ({shown})"
         )
-    chosen = Speculation.of(resolved.method, None, table)
+    measured = resolved.method == "suffix"
+    # Measured: vLLM runs at the largest K the table may grow to; else vLLM's own lookup.
+    chosen = (
+        Speculation(resolved.method, speculation.num_speculative_tokens, table, k_measured=True)
+        if measured
+        else Speculation.of(resolved.method, None, table)
+    )
+    rebuilt = ", rebuilt from the acceptance this engine measures" if measured else ""
     return chosen, (
         f"speculation auto: {resolved.method}, K by running batch size {shown} (K 0: off), "
         f"from Heddle's performance model on {where} and the measured acceptance "
-        f"({AUTO_ACCEPTANCE})"
+        f"({AUTO_ACCEPTANCE}){rebuilt}"
     )
 
 
@@ -126,5 +171,7 @@ def format_speculation(speculation: Speculation) -> str:
         return "off"
     if speculation.by_batch_size:
         table = format_batch_size_table(speculation.by_batch_size)
+        if speculation.k_measured:
+            return f"{speculation.method}, K by batch size from {table}, rebuilt as measured"
         return f"{speculation.method}, K by batch size {table}"
     return f"{speculation.method}, K={speculation.num_speculative_tokens}"

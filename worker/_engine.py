@@ -166,6 +166,11 @@ class Engine(ABC):
         """Add a text the engine may draft from (vLLM's suffix cache); False: it cannot."""
         return False
 
+    async def k_table(self) -> dict[str, Any] | None:
+        """The K table the engine drafts by now, rebuilt from measured acceptance
+        (heddle.scheduler.MeasuredKTable.state); None: K is not measured."""
+        return None
+
     def encode(self, text: str) -> list[int]:
         """Text to token ids (the engine's tokenizer)."""
         raise NotImplementedError

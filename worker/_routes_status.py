@@ -13,20 +13,31 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ._app_state import WorkerState, dropped
 from ._engine import Engine
-from ._schemas import HealthResponse, ReadyResponse, SpeculationState, StateResponse
+from ._schemas import (
+    HealthResponse,
+    MeasuredKState,
+    ReadyResponse,
+    SpeculationState,
+    StateResponse,
+)
 
 __all__ = ["add_probe_routes", "add_state_route"]
 
 
-def _speculation_state(engine: Engine) -> SpeculationState | None:
+async def _speculation_state(engine: Engine) -> SpeculationState | None:
     spec = engine.speculation
     if not spec.on:
         return None
     stats = engine.stats()
+    measured = await engine.k_table()
+    table = [list(e) for e in spec.by_batch_size]
+    if measured is not None:
+        table = [[int(v) for v in row] for row in measured["by_batch_size"]]
     return SpeculationState(
         method=spec.method,
         num_speculative_tokens=spec.num_speculative_tokens,
-        by_batch_size=[list(e) for e in spec.by_batch_size],
+        by_batch_size=table,
+        measured=None if measured is None else MeasuredKState(**measured),
         drafted_tokens=stats.drafted_tokens,
         accepted_tokens=stats.accepted_tokens,
         draft_steps=stats.draft_steps,
@@ -62,7 +73,7 @@ def add_state_route(app: FastAPI, state: WorkerState) -> None:
             tokens_per_s=state.tokens_per_s(),
             weight_version=engine.weights.version if engine.weights else None,
             weights_path=engine.weights.path if engine.weights else None,
-            speculation=_speculation_state(engine),
+            speculation=await _speculation_state(engine),
         )
 
 

@@ -250,11 +250,31 @@ class ExportResponse(_Strict):
     token_ids: list[int]
 
 
+class MeasuredKState(_Strict):
+    """What an ``auto`` suffix engine's K table was last built on (heddle.scheduler's
+    MeasuredKTable): the acceptance it measures, not one it assumes."""
+
+    format: str = Field(description="heddle.k-table/v1")
+    by_batch_size: list[list[int]] = Field(description="[first, last, K] now (K 0: off)")
+    alpha: float | None = Field(
+        description="per-draft acceptance the table was last built on; null: not rebuilt yet "
+        "(the start-up table, on the pessimistic preset)"
+    )
+    rebuilds: int = Field(description="tables built from measurements since start")
+    measured_steps: int = Field(description="request-steps that verified a draft, counted")
+    measured_tokens_per_step: float | None = Field(
+        description="tokens those request-steps gave, per step (null: none yet)"
+    )
+
+
 class SpeculationState(_Strict):
     method: str = Field(description="off, ngram or suffix (auto resolved at start-up)")
     num_speculative_tokens: int = Field(description="K, or the largest K of the table")
     by_batch_size: list[list[int]] = Field(
-        description="[first, last, K] by running batch size; empty: K fixed"
+        description="[first, last, K] by running batch size, as drafted now; empty: K fixed"
+    )
+    measured: MeasuredKState | None = Field(
+        None, description="K rebuilt from measured acceptance (auto with suffix); else null"
     )
     drafted_tokens: int = Field(description="draft tokens proposed since start, engine-wide")
     accepted_tokens: int = Field(description="of those, accepted")

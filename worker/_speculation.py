@@ -106,12 +106,17 @@ class Speculation:
     """How a worker's engine drafts: ``method``, K fixed or K by batch size.
 
     ``by_batch_size`` (when given) decides K per engine step from the number of
-    running sequences; ``num_speculative_tokens`` is then its largest K.
+    running sequences; ``num_speculative_tokens`` is then its largest K. vLLM looks
+    the table up, unless ``k_measured`` (``auto`` with suffix decoding): then vLLM runs
+    at ``num_speculative_tokens`` and Heddle's proposer patch caps each step's K by a
+    table that starts as ``by_batch_size`` and is rebuilt from the acceptance the
+    engine measures (heddle.worker._vllm_patches.measure_k).
     """
 
     method: SpeculationMethod = "off"
     num_speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
     by_batch_size: tuple[BatchSizeTokens, ...] = ()
+    k_measured: bool = False
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATION_METHODS:
@@ -156,7 +161,7 @@ class Speculation:
         if self.method != "auto":
             return self
         method: SpeculationMethod = "suffix" if suffix_available() else "ngram"
-        return Speculation(method, self.num_speculative_tokens, self.by_batch_size)
+        return Speculation(method, self.num_speculative_tokens, self.by_batch_size, self.k_measured)
 
     def vllm_config(self) -> dict[str, Any] | None:
         """vLLM's ``speculative_config`` (``None``: off). Call on a resolved value."""
@@ -173,7 +178,7 @@ class Speculation:
             "method": self.method,
             "num_speculative_tokens": self.num_speculative_tokens,
         }
-        if self.by_batch_size:
+        if self.by_batch_size and not self.k_measured:
             config["num_speculative_tokens_per_batch_size"] = [list(e) for e in self.by_batch_size]
         return config
 

@@ -151,10 +151,15 @@ def engine_speculation(config: VLLMConfig, *, cpu_build: bool) -> tuple[Speculat
         config.speculation,
         model=config.model,
         tp=config.tp,
-        max_num_seqs=int(dict(config.engine_args).get("max_num_seqs", config.max_num_seqs)),
+        max_num_seqs=engine_max_num_seqs(config),
         max_model_len=config.max_model_len,
         cpu_build=cpu_build,
     )
+
+
+def engine_max_num_seqs(config: VLLMConfig) -> int:
+    """The engine's batch cap: the pool's, or an engine argument that overrides it."""
+    return int(dict(config.engine_args).get("max_num_seqs", config.max_num_seqs))
 
 
 def _engine_core_times(stats: Any) -> tuple[float, float | None, float | None]:
@@ -244,6 +249,8 @@ class VLLMEngine(Engine):
             logging.getLogger("heddle.worker").info("%s", why)  # auto: its K table
         if self.speculation.on:
             await self._refuse_faulty_speculation()
+        if self.speculation.k_measured:
+            await self._measure_k()
         self.max_model_len = int(self._llm.model_config.max_model_len)
         self._tokenizer = self._llm.tokenizer
         self._tool_parsers = VLLMToolParsers(self._tokenizer, self.model)
@@ -269,6 +276,33 @@ class VLLMEngine(Engine):
             self._llm.shutdown()
             self._llm = None
             raise ConfigError(why)
+
+    async def _measure_k(self) -> None:
+        """Every rank caps its proposer's K by a table rebuilt from the acceptance it
+        measures (``auto`` with suffix decoding; heddle.worker._vllm_patches.measure_k)."""
+        settings = {
+            "method": self.speculation.method,
+            "model": self.config.model,
+            "tp": self.config.tp,
+            "max_num_seqs": engine_max_num_seqs(self.config),
+            "max_model_len": self.config.max_model_len,
+            "cpu_build": is_cpu_build(),
+            "max_k": self.speculation.num_speculative_tokens,
+        }
+        done = await self._llm.collective_rpc("heddle_measure_k", args=(settings,))
+        if not all(done):
+            self._llm.shutdown()
+            self._llm = None
+            raise ConfigError(
+                "speculation auto: this vLLM has no suffix proposer to cap K in; give "
+                "--speculative-tokens-by-batch-size (or a fixed K) instead"
+            )
+
+    async def k_table(self) -> dict[str, Any] | None:
+        if not self.ready or not self.speculation.k_measured:
+            return None
+        states = await self._llm.collective_rpc("heddle_k_state")
+        return dict(states[0]) if states and states[0] is not None else None
 
     async def seed_drafts(self, key: str, token_ids: list[int]) -> bool:
         """Insert a text into every rank's suffix cache (``collective_rpc``)."""

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._vllm_patches import apply_patches
+from ._vllm_patches import apply_patches, k_table_state, measure_k
 from ._weights_receiver import Receiver
 
 __all__ = ["HeddleWorkerExtension"]
@@ -27,6 +27,17 @@ class HeddleWorkerExtension:
     def heddle_speculation_faults(self) -> dict[str, str]:
         """The fault checks' results in this process (:func:`apply_patches`)."""
         return apply_patches()
+
+    def heddle_measure_k(self, settings: Mapping[str, Any]) -> bool:
+        """Cap the suffix proposer's K by a table rebuilt from the acceptance this engine
+        measures (``auto``: heddle.worker._auto_speculation.measured_k_table)."""
+        from ._auto_speculation import measured_k_table  # noqa: PLC0415
+
+        return measure_k(measured_k_table(**dict(settings)))
+
+    def heddle_k_state(self) -> dict[str, Any] | None:
+        """The measured K table's state in this process (None: K is not measured)."""
+        return k_table_state()
 
     def heddle_seed_drafts(self, key: str, token_ids: Sequence[int]) -> bool:
         """Add a text to the suffix cache's global tree (responses it drafts from).

@@ -18,15 +18,24 @@ of them for the result after start-up (:func:`speculation_faults`).
    scheduler asks for equals the configured K, so a K by batch size
    (``num_speculative_tokens_per_batch_size``) kills the engine on its first
    smaller K. Fixed by drafting at most the K asked for.
+
+Not a fault but Heddle's own: :func:`measure_k` caps the suffix proposer's K per
+engine step by a :class:`heddle.scheduler.MeasuredKTable` (``auto`` speculation), which
+it feeds each request-step's accepted tokens (the tokens sampled at the next step,
+less the bonus) at the K it was asked for; the table rebuilds itself from them.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any
+from collections import Counter
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["FAULTS", "apply_patches", "speculation_faults"]
+if TYPE_CHECKING:
+    from heddle.scheduler import MeasuredKTable
+
+__all__ = ["FAULTS", "apply_patches", "k_table_state", "measure_k", "speculation_faults"]
 
 FAULTS = ("expand", "suffix-k")
 # Results, by fault: "absent" (vLLM is right), "patched" (fixed here), "unfixed" (found, and
@@ -148,3 +157,65 @@ def speculation_faults(results: list[dict[str, str]], *, batch_size_table: bool)
                 "instead of a table by batch size"
             )
     return None
+
+
+# -- K from measured acceptance (auto speculation) -----------------------------------------
+class _Measuring:
+    """This process's measured table, and the K each request's last draft was asked for."""
+
+    table: MeasuredKTable | None = None
+    asked: dict[str, int] = {}  # noqa: RUF012 - replaced whole at each step, never shared
+
+
+_measuring = _Measuring()
+
+
+def _capped(propose: Any) -> Any:
+    @functools.wraps(propose)
+    def capped(
+        self: Any, num_speculative_tokens: int, input_batch: Any, sampled: Any, *a: Any, **kw: Any
+    ) -> Any:
+        table = _measuring.table
+        if table is None:
+            return propose(self, num_speculative_tokens, input_batch, sampled, *a, **kw)
+        # What the previous step's drafts gave: this step's sampled tokens per request
+        # (its accepted drafts and one token of the target's own).
+        steps: Counter[int] = Counter()
+        tokens: Counter[int] = Counter()
+        for i, ids in enumerate(sampled):
+            asked = _measuring.asked.get(input_batch.req_ids[i], 0) if ids else 0
+            if asked:
+                steps[asked] += 1
+                tokens[asked] += len(ids)
+        for k, n in steps.items():
+            table.record(k, n, tokens[k])
+        cap = min(num_speculative_tokens, table.k_at(len(sampled)))
+        drafts = propose(self, cap, input_batch, sampled, *a, **kw)
+        _measuring.asked = {
+            input_batch.req_ids[i]: cap for i, ids in enumerate(sampled) if ids and cap
+        }
+        return drafts
+
+    capped._heddle_capped = True  # type: ignore[attr-defined]
+    return capped
+
+
+def measure_k(table: MeasuredKTable) -> bool:
+    """Draft by ``table`` from now on, in this process (call after :func:`apply_patches`,
+    whose ``suffix-k`` fix lets the proposer draft fewer than its configured K). False
+    where this vLLM has no suffix proposer."""
+    try:
+        from vllm.v1.spec_decode.suffix_decoding import (  # noqa: PLC0415
+            SuffixDecodingProposer,
+        )
+    except ImportError:
+        return False
+    if not getattr(SuffixDecodingProposer.propose, "_heddle_capped", False):
+        SuffixDecodingProposer.propose = _capped(SuffixDecodingProposer.propose)
+    _measuring.table, _measuring.asked = table, {}
+    return True
+
+
+def k_table_state() -> dict[str, Any] | None:
+    """The measured table's state (:meth:`MeasuredKTable.state`); None: K is not measured."""
+    return None if _measuring.table is None else _measuring.table.state()

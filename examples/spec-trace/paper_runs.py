@@ -86,6 +86,7 @@ ABLATIONS = {
     "k-table+siblings": {"colocate_groups": False, "seed_history": 0},
     "k-table+history": {"colocate_groups": False, "seed_siblings": False},
     "colocation-judged": {"seed_siblings": False, "seed_history": 0},
+    "k-table-fixed": {"k_measured": False},
 }  # fmt: skip
 
 
@@ -244,7 +245,7 @@ def run(cfg: dict[str, Any]) -> dict[str, Any]:
         # Heddle's drafting; a row may switch a mechanism off (the findings table).
         drafting = {
             key: cfg[key]
-            for key in ("colocate_groups", "seed_siblings", "seed_history", "k_table")
+            for key in ("colocate_groups", "seed_siblings", "seed_history", "k_table", "k_measured")
             if key in cfg
         }
         sim_spec = heddle_speculation(speculation, model, **drafting)

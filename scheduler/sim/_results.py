@@ -189,6 +189,17 @@ def _speculation(sim: Simulation) -> dict[str, Any]:
     tokens = sum(e.spec_tokens for e in engines)
     k = spec.config.num_speculative_tokens
     k_segments = sim.speculator.k_steps if sim.speculator is not None else {}
+    measured = list(sim.speculator.measured.values()) if sim.speculator is not None else []
+    fitted = sorted(t.alpha for t in measured if t.alpha is not None)
+    alphas = None
+    if fitted:
+        alphas = {
+            "engines": len(fitted),
+            "min": fitted[0],
+            "median": fitted[len(fitted) // 2],
+            "max": fitted[-1],
+            "rebuilds": sum(t.rebuilds for t in measured),
+        }
     return {
         "method": spec.config.method,
         "num_speculative_tokens": "auto" if k is None else k,
@@ -196,10 +207,13 @@ def _speculation(sim: Simulation) -> dict[str, Any]:
         "acceptance": spec.acceptance.name,
         "k_segments": {str(key): n for key, n in sorted(k_segments.items())},
         "colocation": sim.colocation,
+        # With k_measured: the acceptance each engine's last table was built on.
+        "measured_alpha": alphas,
         "seeded": {
             "siblings": spec.seed_siblings,
             "history_samples": spec.seed_history,
             "k_table": spec.k_table,
+            "k_measured": spec.k_measured,
             "tokens": sim.speculator.seeded_tokens if sim.speculator is not None else 0.0,
             "engine_s": sim.speculator.seed_s if sim.speculator is not None else 0.0,
         },

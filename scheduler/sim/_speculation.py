@@ -26,6 +26,7 @@ from typing import Final
 
 from heddle.exceptions import ConfigError
 
+from .._k_measured import MeasuredKTable
 from .._perf import PerfModel
 from .._placement import ClusterView, StickyPlacement
 from .._speculation import (
@@ -87,7 +88,9 @@ class SimSpeculation:
       kept per task id) are inserted into an engine before a group member first runs
       there;
     * ``k_table``: K from the batch-size table a worker started with ``auto`` builds
-      (:func:`auto_k_table`), fixed at the engine's start, not per segment.
+      (:func:`auto_k_table`), not per segment; ``k_measured``: that table rebuilt, per
+      engine, from the acceptance the engine's segments gave (:class:`MeasuredKTable`,
+      the object the worker runs), else fixed at the engine's start.
 
     Every inserted token costs its engine ``seed_s_per_token`` of loop time.
     ``pool_engines``: the engines the previous iteration spread a task's samples over,
@@ -112,6 +115,7 @@ class SimSpeculation:
     push_interval_s: float = DRAFT_PUSH_INTERVAL_S
     seed_s_per_token: float = SEED_S_PER_TOKEN
     k_table: bool = False
+    k_measured: bool = False
     k_by_batch_size: tuple[tuple[int, int], ...] = ()
     replayed: Mapping[str, float] | None = None
     pool_engines: int | None = None
@@ -134,10 +138,12 @@ def heddle_speculation(
     seed_siblings: bool = True,
     seed_history: int = HISTORY_SAMPLES,
     k_table: bool = True,
+    k_measured: bool = True,
 ) -> SimSpeculation:
     """Heddle's drafting for a run (docs/speculation.md, "What a trajectory scheduler
     adds"): siblings' texts and the task's history seeded into every engine that runs a
-    group member, K from a batch-size table, co-location only where it is judged to pay."""
+    group member, K from a batch-size table rebuilt on the acceptance each engine
+    measures, co-location only where it is judged to pay."""
     return SimSpeculation(
         config,
         acceptance,
@@ -145,6 +151,7 @@ def heddle_speculation(
         seed_siblings=seed_siblings,
         seed_history=seed_history,
         k_table=k_table,
+        k_measured=k_table and k_measured,
     )
 
 
@@ -183,6 +190,9 @@ class EngineSpeculator:
         self._tables: dict[int, tuple[tuple[int, int], ...]] = {}  # tp -> K by batch size
         self._engines: dict[str, SimEngine] = {}  # the engines it serves, by name
         self._last_k: dict[str, int] = {}  # engine -> K of its current segment
+        self.measured: dict[str, MeasuredKTable] = {}  # engine -> its table (k_measured)
+        self._counted: dict[str, tuple[float, float]] = {}  # engine -> (steps, tokens) fed
+        self._built: dict[tuple[int, float], tuple[tuple[int, int], ...]] = {}  # shared
 
     def _tokens_per_step(self, k: int, siblings: int, history: float, position: float) -> float:
         key = (k, siblings, history, position)
@@ -367,7 +377,10 @@ class EngineSpeculator:
     def _table_k(self, engine: SimEngine, batch: int) -> int:
         """K from the batch-size table a worker started with ``auto`` builds
         (:func:`auto_k_table`: on the acceptance it assumes, not the run's, which no
-        worker knows when it starts), fixed for the engine's life as the worker's is."""
+        worker knows when it starts); with ``k_measured``, rebuilt as the worker
+        rebuilds it, from what this engine's drafts gave so far."""
+        if self.spec.k_measured:
+            return self._measured_table(engine).k_at(batch)
         tp = engine.instance.tp
         table = self._tables.get(tp)
         if table is None:
@@ -378,6 +391,26 @@ class EngineSpeculator:
             )  # fmt: skip
             self._tables[tp] = table
         return _k_at(table, batch)
+
+    def _measured_table(self, engine: SimEngine) -> MeasuredKTable:
+        """The engine's :class:`MeasuredKTable`, fed the request-steps and tokens of its
+        segments since the last call (all at the K of its last segment)."""
+        name = engine.name
+        table = self.measured.get(name)
+        if table is None:
+            config = self.spec.config
+            table = MeasuredKTable(
+                self.perf, engine.instance.tp, config.method, max_num_seqs=self.perf.batch_cap,
+                max_k=config.num_speculative_tokens or AUTO_MAX_K, cache=self._built,
+            )  # fmt: skip
+            self.measured[name] = table
+        steps, tokens = self._counted.get(name, (0.0, 0.0))
+        if engine.spec_steps > steps:
+            table.record(
+                self._last_k.get(name, 0), engine.spec_steps - steps, engine.spec_tokens - tokens
+            )
+            self._counted[name] = (float(engine.spec_steps), float(engine.spec_tokens))
+        return table
 
     def __call__(self, engine: SimEngine, now: float) -> tuple[int, float]:
         config = self.spec.config

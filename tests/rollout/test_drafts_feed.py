@@ -319,3 +319,48 @@ def test_a_session_feeds_each_worker_the_siblings_it_did_not_run(
     }
     expected = sum(len(hosts[task] - where) for task in made for where in made[task].values())
     assert sent == expected > 0
+
+
+class _Rebuilding(Recorder):
+    """A worker whose ``auto`` K table is rebuilt as it measures acceptance: each read of
+    its /v1/state shows the next table; ``fail`` after the first read."""
+
+    def __init__(self, tables: list[list[list[int]]], *, fail_after: int | None = None) -> None:
+        super().__init__("w")
+        self.tables, self.reads, self.fail_after = tables, 0, fail_after
+
+    async def state(self) -> dict[str, Any]:
+        if self.fail_after is not None and self.reads >= self.fail_after:
+            raise WorkerUnavailableError("w", "GET /v1/state: connection refused")
+        table = self.tables[min(self.reads, len(self.tables) - 1)]
+        self.reads += 1
+        return {"tp": 1, "speculation": {"method": "suffix", "by_batch_size": table}}
+
+
+def test_the_gate_reads_an_engines_k_table_again_once_it_is_old(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from heddle.rollout import _drafts_feed
+
+    start, learned = [[1, 3, 1], [4, 8, 0]], [[1, 8, 4]]
+    feed = DraftsFeed("job")
+    client = _Rebuilding([start, learned])
+
+    async def reads() -> list[Any]:
+        assert await feed._drafts_from_texts("w", client)  # the first read: suffix, start
+        got = [(await feed._fresh_state("w", client))["speculation"]["by_batch_size"]]
+        monkeypatch.setattr(_drafts_feed, "STATE_REFRESH_S", 0.0)  # now it is old
+        got.append((await feed._fresh_state("w", client))["speculation"]["by_batch_size"])
+        return got
+
+    assert asyncio.run(reads()) == [start, learned]
+    assert client.reads == 2
+    # A failed read keeps the last table (and the feed goes on).
+    failing = _Rebuilding([start, learned], fail_after=1)
+    feed = DraftsFeed("job")
+
+    async def kept() -> Any:
+        assert await feed._drafts_from_texts("w", failing)
+        return (await feed._fresh_state("w", failing))["speculation"]["by_batch_size"]
+
+    assert asyncio.run(kept()) == start

@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from heddle.worker import Speculation, VLLMConfig, auto_speculation, auto_table
+from heddle.worker._auto_speculation import measured_k_table
 from heddle.worker._vllm_engine import engine_kwargs
 
 from .._vllm import needs_suffix
@@ -57,10 +58,36 @@ def test_auto_becomes_suffix_with_the_table_in_vllms_config() -> None:
         "suffix", cpu_build=True, max_k=4, **ENGINE
     )
     assert "K by running batch size 1-1:1,2-256:0" in why
+    # Suffix: the table is where K starts; vLLM runs at the largest K the table may grow
+    # to, and Heddle's proposer patch caps each step by the table it rebuilds as it measures.
+    assert spec.k_measured and "rebuilt from the acceptance this engine measures" in why
     vllm = engine_kwargs(config, cpu_build=True)["speculative_config"]
     assert vllm["method"] == "suffix"
-    assert vllm["num_speculative_tokens"] == max(k for _, _, k in spec.by_batch_size)
+    assert vllm["num_speculative_tokens"] == 4
+    assert "num_speculative_tokens_per_batch_size" not in vllm
+
+
+def test_auto_on_ngram_keeps_vllms_own_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    # No suffix proposer to cap: n-gram drafts by vLLM's batch-size table, fixed at start.
+    monkeypatch.setattr("heddle.worker._speculation.suffix_available", lambda: False)
+    engine = {**ENGINE, "model": "Qwen/Qwen3-14B"}
+    spec, why = auto_speculation(Speculation("auto"), cpu_build=False, **engine)
+    assert spec.method == "ngram" and not spec.k_measured and "rebuilt" not in why
+    config = VLLMConfig(model="Qwen/Qwen3-14B", max_num_seqs=256, speculation=Speculation("auto"))
+    vllm = engine_kwargs(config, cpu_build=False)["speculative_config"]
     assert vllm["num_speculative_tokens_per_batch_size"] == [list(e) for e in spec.by_batch_size]
+
+
+def test_the_measured_table_starts_where_the_auto_table_is() -> None:
+    # Built in vLLM's worker process from the settings the engine passes.
+    table = measured_k_table(method="suffix", max_k=4, cpu_build=True, **ENGINE)
+    start = auto_table("suffix", cpu_build=True, max_k=4, **ENGINE)
+    assert [[a, b, k] for a, b, k in start] == table.state()["by_batch_size"]
+    assert table.settings.rebuild_every_steps == 2048
+    quick = measured_k_table(
+        method="suffix", max_k=4, cpu_build=True, rebuild_every_steps=8, **ENGINE
+    )
+    assert quick.settings.rebuild_every_steps == 8
 
 
 def test_auto_where_no_k_pays_is_off_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:

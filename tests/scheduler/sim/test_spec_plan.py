@@ -21,7 +21,9 @@ from heddle.scheduler import (
     SpeculationConfig,
     Trajectory,
     TrajectoryScript,
+    acceptance_model,
     auto_k_table,
+    geometric_tokens_per_step,
     get_policy,
     k_by_batch_size,
 )
@@ -490,14 +492,57 @@ def test_the_k_table_is_the_one_an_auto_worker_builds_whatever_the_runs_acceptan
     # A worker started with `auto` builds its table before any job runs, on the
     # acceptance it assumes (auto_k_table); a run whose drafts are accepted more (the
     # default preset here) must not draft by a table built on that, which no worker has.
-    sim = heddle_run(groups_of([1200] * 8), heddle_speculation(SUFFIX, DEFAULT))
+    # Fixed (k_measured off) the run drafts by that table all along.
+    sim = heddle_run(groups_of([1200] * 8), heddle_speculation(SUFFIX, DEFAULT, k_measured=False))
     result = sim.run()
     table = auto_k_table(sim.perf, 1, "suffix", max_num_seqs=sim.perf.batch_cap)
     used = {int(k) for k in result.speculation["k_segments"]}
     assert used and used <= {k for _, k in table}, (used, table)
     assert max(used) <= AUTO_MAX_K
+    assert result.speculation["measured_alpha"] is None
     # The run's own acceptance would have drafted more at a batch of one.
     own = k_by_batch_size(sim.perf, 1, 1024.0,
                           lambda k: DEFAULT.tokens_per_step("suffix", k, siblings=15),
                           sim.perf.batch_cap)  # fmt: skip
     assert own[0][1] > table[0][1]
+
+
+def test_each_engine_rebuilds_its_table_from_what_its_drafts_gave() -> None:
+    # As the worker does (MeasuredKTable in vLLM's process): from the auto table, each
+    # engine's table is rebuilt on the acceptance its own segments gave. The default
+    # preset is taken more than the table assumes, so the engines learn it and draft more.
+    scripts = groups_of([1200] * 8)
+    fixed = heddle_run(scripts, heddle_speculation(SUFFIX, DEFAULT, k_measured=False)).run()
+    sim = heddle_run(scripts, heddle_speculation(SUFFIX, DEFAULT))
+    result = sim.run()
+    speculator = sim.speculator
+    assert speculator is not None and len(speculator.measured) == len(sim.engines)
+    start = auto_k_table(sim.perf, 1, "suffix", max_num_seqs=sim.perf.batch_cap)
+    for table in speculator.measured.values():
+        assert table.rebuilds > 0 and table.alpha is not None
+        # Between the preset's own-text and full-group acceptance (0.30 and 0.50 per draft).
+        assert 0.25 <= table.alpha <= 0.55, table.alpha
+        assert table.table == k_by_batch_size(
+            sim.perf, 1, 1024.0,
+            lambda k, a=table.alpha: geometric_tokens_per_step(a, k),
+            sim.perf.batch_cap, (1, 2, 3, 4),
+        )  # fmt: skip
+        assert table.k_at(1) >= start[0][1]
+    alpha = result.speculation["measured_alpha"]
+    assert alpha["engines"] == len(sim.engines) and alpha["rebuilds"] > 0
+    k_fixed = sum(int(k) * n for k, n in fixed.speculation["k_segments"].items())
+    k_measured = sum(int(k) * n for k, n in result.speculation["k_segments"].items())
+    assert k_measured / sum(result.speculation["k_segments"].values()) > k_fixed / sum(
+        fixed.speculation["k_segments"].values()
+    )
+
+
+def test_an_engine_whose_drafts_are_not_taken_stops_drafting_but_at_a_batch_of_one() -> None:
+    # tau:1.0: drafts that are never accepted. The start table drafts (it assumes
+    # pessimistic acceptance); measured, each engine turns K off at every batch but one.
+    sim = heddle_run(groups_of([1200] * 8), heddle_speculation(SUFFIX, acceptance_model("tau:1")))
+    sim.run()
+    assert sim.speculator is not None
+    for table in sim.speculator.measured.values():
+        assert table.alpha is not None and table.alpha <= 0.02  # the prior, faded
+        assert table.k_at(1) == 1 and all(table.k_at(b) == 0 for b in range(2, 9))
