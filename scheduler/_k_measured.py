@@ -48,7 +48,8 @@ class KTableSettings:
 
     ``rebuild_every_steps``: request-steps (one request verified once) between rebuilds;
     ``prior_steps``: the assumed acceptance counts as this many request-steps at the
-    largest K, so the first rebuilds do not swing on a few steps; ``decay``: the share
+    largest K (at the default cadence about a ninth of the first rebuild's counts,
+    fading with them); ``decay``: the share
     of the counts kept at each rebuild; ``alpha_resolution``: the fitted acceptance is
     rounded to this before a table is built (tables are cached by it, and a table does
     not flap on noise).
@@ -104,7 +105,8 @@ class MeasuredKTable:
     ``k_at(batch)`` is the K to draft at; ``record(k, steps, tokens)`` adds what
     ``steps`` request-steps asked for ``k`` drafts gave. Until the first rebuild the
     table is :func:`auto_k_table`'s. ``cache`` (optional) shares built tables between
-    engines of one pool: keyed by TP and the rounded acceptance.
+    engines on one performance model (a pool's): keyed by TP, largest K, batch cap,
+    context and the rounded acceptance.
     """
 
     def __init__(
@@ -117,7 +119,7 @@ class MeasuredKTable:
         max_model_len: int | None = None,
         max_k: int = AUTO_MAX_K,
         settings: KTableSettings = KTableSettings(),
-        cache: dict[tuple[int, float], tuple[tuple[int, int], ...]] | None = None,
+        cache: dict[tuple[int, int, int, float, float], tuple[tuple[int, int], ...]] | None = None,
     ) -> None:
         if max_k < 1:
             raise ConfigError(f"max_k={max_k} must be at least 1")
@@ -168,7 +170,8 @@ class MeasuredKTable:
         """Fit the acceptance on the counts, rebuild the table on it, fade the counts."""
         step = self.settings.alpha_resolution
         alpha = round(fit_alpha(self._steps, self._tokens) / step) * step
-        key = (self.tp, round(alpha, 6))
+        alpha = round(alpha, 6)
+        key = (self.tp, self.max_k, self.max_num_seqs, self.context_tokens, alpha)
         table = self._cache.get(key)
         if table is None:
             table = k_by_batch_size(

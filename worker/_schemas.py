@@ -261,7 +261,9 @@ class MeasuredKState(_Strict):
         "(the start-up table, on the pessimistic preset)"
     )
     rebuilds: int = Field(description="tables built from measurements since start")
-    measured_steps: int = Field(description="request-steps that verified a draft, counted")
+    measured_steps: int = Field(
+        description="request-steps asked for K > 0 drafts and counted (an empty draft counts)"
+    )
     measured_tokens_per_step: float | None = Field(
         description="tokens those request-steps gave, per step (null: none yet)"
     )

@@ -51,6 +51,9 @@ PROTECTED_ENGINE_ARGS = {
 
 # vLLM imports it in every worker process: it applies heddle.worker._vllm_patches there.
 WORKER_EXTENSION = "heddle.worker._vllm_extension.HeddleWorkerExtension"
+# How long /v1/state waits for the measured K table (one collective_rpc between engine
+# steps) before it shows the start-up table instead.
+K_STATE_TIMEOUT_S = 5.0
 
 
 # vLLM's refusal of a max_model_len above the model's ("User-specified max_model_len
@@ -294,14 +297,20 @@ class VLLMEngine(Engine):
             self._llm.shutdown()
             self._llm = None
             raise ConfigError(
-                "speculation auto: this vLLM has no suffix proposer to cap K in; give "
+                "speculation auto: this vLLM's suffix proposer cannot be capped per step (it "
+                "is missing, changed shape, or cannot draft fewer than its K); give "
                 "--speculative-tokens-by-batch-size (or a fixed K) instead"
             )
 
     async def k_table(self) -> dict[str, Any] | None:
         if not self.ready or not self.speculation.k_measured:
             return None
-        states = await self._llm.collective_rpc("heddle_k_state")
+        try:  # between engine steps; a wedged or busy engine core must not hang /v1/state
+            states = await asyncio.wait_for(
+                self._llm.collective_rpc("heddle_k_state"), K_STATE_TIMEOUT_S
+            )
+        except TimeoutError:
+            return None
         return dict(states[0]) if states and states[0] is not None else None
 
     async def seed_drafts(self, key: str, token_ids: list[int]) -> bool:

@@ -21,8 +21,9 @@ of them for the result after start-up (:func:`speculation_faults`).
 
 Not a fault but Heddle's own: :func:`measure_k` caps the suffix proposer's K per
 engine step by a :class:`heddle.scheduler.MeasuredKTable` (``auto`` speculation), which
-it feeds each request-step's accepted tokens (the tokens sampled at the next step,
-less the bonus) at the K it was asked for; the table rebuilds itself from them.
+it feeds each request-step's tokens (those sampled at the next step: the accepted
+drafts and the target's own) at the K it was asked for; the table rebuilds itself
+from them.
 """
 
 from __future__ import annotations
@@ -160,14 +161,25 @@ def speculation_faults(results: list[dict[str, str]], *, batch_size_table: bool)
 
 
 # -- K from measured acceptance (auto speculation) -----------------------------------------
+# The suffix proposer's parameters the cap relies on (vLLM 0.32's order).
+_PROPOSE_PARAMS = ["self", "num_speculative_tokens", "input_batch", "sampled_token_ids"]
+
+
 class _Measuring:
-    """This process's measured table, and the K each request's last draft was asked for."""
+    """This process's measured table and, per request, its last draft: (the K it was
+    asked for, the tokens drafted)."""
 
     table: MeasuredKTable | None = None
-    asked: dict[str, int] = {}  # noqa: RUF012 - replaced whole at each step, never shared
+    asked: dict[str, tuple[int, int]] = {}  # noqa: RUF012 - replaced whole at each step
 
 
 _measuring = _Measuring()
+
+
+def _verified(input_batch: Any, i: int) -> int | None:
+    """Draft tokens vLLM verified for request ``i`` this step (None: not known here)."""
+    spec = getattr(input_batch, "spec_token_ids", None)
+    return None if spec is None else len(spec[i])
 
 
 def _capped(propose: Any) -> Any:
@@ -179,20 +191,33 @@ def _capped(propose: Any) -> Any:
         if table is None:
             return propose(self, num_speculative_tokens, input_batch, sampled, *a, **kw)
         # What the previous step's drafts gave: this step's sampled tokens per request
-        # (its accepted drafts and one token of the target's own).
+        # (its accepted drafts and one token of the target's own), counted only where
+        # vLLM verified exactly what was drafted (not where it skipped or cut drafts).
         steps: Counter[int] = Counter()
         tokens: Counter[int] = Counter()
         for i, ids in enumerate(sampled):
-            asked = _measuring.asked.get(input_batch.req_ids[i], 0) if ids else 0
-            if asked:
+            if not ids:
+                continue
+            asked, drafted = _measuring.asked.get(input_batch.req_ids[i], (0, 0))
+            verified = _verified(input_batch, i)
+            if asked and (verified is None or verified == drafted):
                 steps[asked] += 1
                 tokens[asked] += len(ids)
         for k, n in steps.items():
             table.record(k, n, tokens[k])
         cap = min(num_speculative_tokens, table.k_at(len(sampled)))
-        drafts = propose(self, cap, input_batch, sampled, *a, **kw)
+        # The proposer reads its own K (vLLM 0.32 drafts up to self.num_speculative_tokens
+        # whatever it is passed): set it for this step, as the suffix-k fix does.
+        configured = self.num_speculative_tokens
+        self.num_speculative_tokens = cap
+        try:
+            drafts = propose(self, cap, input_batch, sampled, *a, **kw)
+        finally:
+            self.num_speculative_tokens = configured
         _measuring.asked = {
-            input_batch.req_ids[i]: cap for i, ids in enumerate(sampled) if ids and cap
+            input_batch.req_ids[i]: (cap, len(drafts[i]))
+            for i, ids in enumerate(sampled)
+            if ids and cap
         }
         return drafts
 
@@ -201,17 +226,23 @@ def _capped(propose: Any) -> Any:
 
 
 def measure_k(table: MeasuredKTable) -> bool:
-    """Draft by ``table`` from now on, in this process (call after :func:`apply_patches`,
-    whose ``suffix-k`` fix lets the proposer draft fewer than its configured K). False
-    where this vLLM has no suffix proposer."""
+    """Draft by ``table`` from now on, in this process. False where the suffix proposer
+    is missing, has another shape than the cap relies on, or cannot draft fewer than its
+    configured K (the ``suffix-k`` fault found and not fixed): the worker then refuses."""
     try:
         from vllm.v1.spec_decode.suffix_decoding import (  # noqa: PLC0415
             SuffixDecodingProposer,
         )
     except ImportError:
         return False
-    if not getattr(SuffixDecodingProposer.propose, "_heddle_capped", False):
-        SuffixDecodingProposer.propose = _capped(SuffixDecodingProposer.propose)
+    if apply_patches().get("suffix-k") not in {"patched", "absent", "unchecked"}:
+        return False  # the cap must sit on a proposer that takes a smaller K
+    propose = SuffixDecodingProposer.propose
+    if not getattr(propose, "_heddle_capped", False):
+        params = list(inspect.signature(inspect.unwrap(propose)).parameters)
+        if params[: len(_PROPOSE_PARAMS)] != _PROPOSE_PARAMS:
+            return False
+        SuffixDecodingProposer.propose = _capped(propose)
     _measuring.table, _measuring.asked = table, {}
     return True
 

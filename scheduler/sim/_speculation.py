@@ -192,7 +192,7 @@ class EngineSpeculator:
         self._last_k: dict[str, int] = {}  # engine -> K of its current segment
         self.measured: dict[str, MeasuredKTable] = {}  # engine -> its table (k_measured)
         self._counted: dict[str, tuple[float, float]] = {}  # engine -> (steps, tokens) fed
-        self._built: dict[tuple[int, float], tuple[tuple[int, int], ...]] = {}  # shared
+        self._built: dict[tuple[int, int, int, float, float], tuple[tuple[int, int], ...]] = {}
 
     def _tokens_per_step(self, k: int, siblings: int, history: float, position: float) -> float:
         key = (k, siblings, history, position)

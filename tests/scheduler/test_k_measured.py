@@ -132,7 +132,7 @@ class TestRebuilt:
         )
 
     def test_engines_of_a_pool_share_built_tables(self) -> None:
-        cache: dict[tuple[int, float], tuple[tuple[int, int], ...]] = {}
+        cache: dict[tuple[int, int, int, float, float], tuple[tuple[int, int], ...]] = {}
         a = MeasuredKTable(PERF, 4, "suffix", max_num_seqs=100, settings=FAST, cache=cache)
         b = MeasuredKTable(PERF, 4, "suffix", max_num_seqs=100, settings=FAST, cache=cache)
         feed(a, 0.5, 100, k=2)

@@ -131,3 +131,75 @@ def test_the_tokens_do_not_change_with_k(run: dict[str, Any]) -> None:
         pair = (reference[i], first[i])
         gap, top = _logit_gap(run["model"], run["ctx"] + reference[:i], pair)
         assert gap <= NEAR_TIE and set(pair) <= set(top), (i, pair, gap, top)
+
+
+# vLLM's suffix proposer driven step by step without an engine, in a fresh interpreter
+# (as vLLM's worker process is; see test_speculation_vllm._EXPAND_CHECK): a stand-in input
+# batch, arctic-inference's real cache, Heddle's cap on top of the suffix-k fix.
+_PROPOSER_STEPS = """
+import json, types
+import numpy as np
+from arctic_inference.suffix_decoding import SuffixDecodingCache
+from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+from heddle.scheduler import KTableSettings
+from heddle.worker._auto_speculation import measured_k_table
+from heddle.worker._vllm_patches import k_table_state, measure_k
+
+text = [5, 6, 7, 8] * 40  # a repeating response: the tree drafts it whole
+proposer = object.__new__(SuffixDecodingProposer)
+proposer.num_speculative_tokens, proposer.max_tree_depth = 4, 24
+proposer.max_spec_factor, proposer.min_token_prob, proposer.max_model_len = 1.0, 0.1, 1024
+proposer.suffix_cache = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=100)
+proposer.suffix_cache.start_request("old", np.array([1, 2, 3], dtype=np.int32))
+proposer.suffix_cache.add_active_response("old", text)
+proposer.suffix_cache.stop_request("old")
+table = measured_k_table(method="suffix", model="m", tp=1, max_num_seqs=8, max_model_len=1024,
+                         cpu_build=True, max_k=4, rebuild_every_steps=8)
+assert measure_k(table)
+batch = types.SimpleNamespace(req_ids=["a"], req_id_to_index={"a": 0},
+                              num_prompt_tokens=np.array([3]),
+                              token_ids_cpu=np.zeros((1, 1024), dtype=np.int32),
+                              num_tokens_no_spec=np.array([3]), spec_token_ids=[[]])
+batch.token_ids_cpu[0, :3] = [1, 2, 3]
+out, n, sampled, drafted = [], 3, [text[0]], []
+for step in range(60):
+    batch.token_ids_cpu[0, n:n + len(sampled)] = sampled
+    n += len(sampled)
+    batch.num_tokens_no_spec[0] = n
+    draft = SuffixDecodingProposer.propose(proposer, 4, batch, [list(sampled)])[0]
+    drafted.append(len(draft))
+    batch.spec_token_ids = [list(draft)]
+    sampled = draft + [text[(n - 3 + len(draft)) % len(text)]]  # every draft taken
+counted = k_table_state()["measured_steps"]
+# vLLM skipped the drafts of that step (e.g. a request near its length limit): the step
+# verified nothing of what was drafted, and is not counted as a rejection.
+batch.spec_token_ids = [[]]
+batch.token_ids_cpu[0, n] = 5
+batch.num_tokens_no_spec[0] = n + 1
+SuffixDecodingProposer.propose(proposer, 4, batch, [[5]])
+print(json.dumps({"drafted": drafted, "state": k_table_state(), "counted": counted,
+                  "configured": proposer.num_speculative_tokens}))
+"""
+
+
+def test_the_cap_drafts_at_most_the_tables_k_and_learns_from_what_was_verified() -> None:
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _PROPOSER_STEPS], check=False, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    drafted = got["drafted"]
+    # The start table (CPU build, cap 8): K 1 at a batch of one. Every draft is taken, so
+    # as the assumed acceptance fades (by half at each rebuild, every 8 request-steps)
+    # the table drafts more, up to 4; never more than it says.
+    assert drafted[:8] == [1] * 8, drafted
+    assert drafted == sorted(drafted) and drafted[-1] == 4, drafted
+    assert got["state"]["rebuilds"] >= 1 and got["state"]["alpha"] >= 0.5
+    assert got["counted"] == 59  # every step after the first (which had no draft before)
+    assert got["state"]["measured_steps"] == 59  # the skipped drafts were not counted
+    assert got["configured"] == 4  # the proposer's own K is put back after each step
