@@ -35,6 +35,7 @@ from ._speculation import (
     auto_k_table,
     geometric_tokens_per_step,
     k_by_batch_size,
+    k_table_ranges,
 )
 
 __all__ = ["K_TABLE_FORMAT", "KTableSettings", "MeasuredKTable", "fit_alpha"]
@@ -197,13 +198,9 @@ class MeasuredKTable:
 
     def state(self) -> dict[str, Any]:
         """What a worker reports (``/v1/state.speculation.k_table``): JSON-able."""
-        first, rows = 1, []
-        for up_to, k in self.table:
-            rows.append([first, up_to, k])
-            first = up_to + 1
         return {
             "format": K_TABLE_FORMAT,
-            "by_batch_size": rows,
+            "by_batch_size": [list(row) for row in k_table_ranges(self.table)],
             "alpha": self.alpha,
             "rebuilds": self.rebuilds,
             "measured_steps": round(self.measured_steps),

@@ -57,6 +57,7 @@ __all__ = [
     "fit_acceptance",
     "geometric_tokens_per_step",
     "k_by_batch_size",
+    "k_table_ranges",
     "plan_group_colocation",
     "seed_pays",
     "seed_text_pays",
@@ -432,6 +433,16 @@ def auto_k_table(
 
     ks = tuple(range(1, max_k + 1))
     return k_by_batch_size(perf, tp, context, tokens_per_step, max_num_seqs, ks)
+
+
+def k_table_ranges(table: Sequence[tuple[int, int]]) -> tuple[tuple[int, int, int], ...]:
+    """``((up_to_batch, K), ...)`` as the ``((first, last, K), ...)`` ranges a worker
+    and vLLM take (``num_speculative_tokens_per_batch_size``)."""
+    ranges, first = [], 1
+    for last, k in table:
+        ranges.append((first, last, k))
+        first = last + 1
+    return tuple(ranges)
 
 
 @dataclass(frozen=True)
