@@ -81,6 +81,7 @@ from ._local import (
     LocalWorkerOptions,
     die_with_parent,
     local_model_dir,
+    local_speculation,
     worker_options,
 )
 from ._output import (
@@ -294,6 +295,7 @@ __all__ = [
     "load_cluster",
     "load_workload",
     "local_model_dir",
+    "local_speculation",
     "lock_path",
     "make_scorer",
     "order_rows",

@@ -37,6 +37,8 @@ from heddle.worker import (
     Speculation,
     WorkerArgs,
     WorkerEndpoint,
+    auto_speculation,
+    is_cpu_build,
     named_model_dir,
     vllm_cpu_env,
 )
@@ -51,6 +53,7 @@ __all__ = [
     "die_with_parent",
     "is_tiny_model",
     "local_model_dir",
+    "local_speculation",
     "worker_options",
 ]
 
@@ -77,6 +80,26 @@ class LocalWorkerOptions:
     log_dir: Path = Path(".heddle/logs")
     weights_roots: tuple[str, ...] = ()  # where POST /v1/weights may load (the job's folder)
     speculation: Speculation = NO_SPECULATION  # vllm: the pool's spec.speculation
+
+
+def local_speculation(options: LocalWorkerOptions) -> Speculation:
+    """What local workers will draft with, for the start-up decisions and the drafts
+    feed: the pool's speculation, except ``auto`` where a vLLM worker here starts off
+    (vLLM's CPU build: heddle.worker.CPU_BUILD_OFF), which the decisions must not
+    simulate as drafting."""
+    speculation = options.speculation
+    if options.engine != "vllm" or speculation.method != "auto":
+        return speculation
+    resolved, _ = auto_speculation(
+        speculation,
+        model=options.model or "",
+        tp=1,
+        max_num_seqs=options.max_num_seqs,
+        max_model_len=options.max_model_len,
+        cpu_build=is_cpu_build(),
+    )
+    # On: keep auto (each worker builds its own table at its TP, as the simulator does).
+    return speculation if resolved.on else resolved
 
 
 def die_with_parent() -> None:

@@ -51,7 +51,7 @@ from ._external import ExternalEnvironment
 from ._gateway import Gateway
 from ._hosts import LOCAL_DEFAULT, HostAllowList, check_tool_hosts
 from ._job import LocalJob
-from ._local import LocalPool, LocalWorkerOptions, is_tiny_model
+from ._local import LocalPool, LocalWorkerOptions, is_tiny_model, local_speculation
 from ._output import OutputSink
 from ._presets import WORKLOAD_PRESETS, load_workload
 from ._previous import PreviousRollouts, finished_records
@@ -394,7 +394,10 @@ async def run_local(
     perf = perf_model_for(local.pool, options)
     if history is not None and not local.history:
         local = replace(local, history=history.get(local.pool.name))
-    decided = decide_run(local, perf, options.speculation, cache=decisions)
+    # What the workers will draft with (auto is off on vLLM's CPU build): the decisions
+    # simulate that, and the drafts feed runs only where they draft.
+    speculation = local_speculation(options)
+    decided = decide_run(local, perf, speculation, cache=decisions)
     plan, colocation = decided.plan, decided.colocation
     shape = plan.shape
     # Locked and checked before any worker starts: a second run on this output stops here.
@@ -425,7 +428,7 @@ async def run_local(
             config=session_config,
             on_progress=on_progress,
             metrics=metrics,
-            speculation=options.speculation,
+            speculation=speculation,
             colocation=colocation,
         )
         if trainer is not None:
@@ -438,7 +441,7 @@ async def run_local(
             history.put(local.pool.name, finished_records(session.runs.values()))
             if ahead and decisions is not None:  # the next iteration's, as it will read it
                 kept = history.get(local.pool.name)
-                decide_ahead(replace(local, history=kept), perf, options.speculation, decisions,
+                decide_ahead(replace(local, history=kept), perf, speculation, decisions,
                              decided.decided_s)  # fmt: skip
     finally:
         sink.close()  # the session closed it already unless it never ran

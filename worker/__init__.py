@@ -26,6 +26,7 @@ from ._engine import Engine, EngineError, EngineStats, ParsedTurn, Sampling, Ste
 from ._environment import (
     Check,
     check_vllm_environment,
+    is_cpu_build,
     probe_vllm_import,
     vllm_environment_checks,
 )
@@ -148,6 +149,7 @@ __all__ = [
     "default_model_cache",
     "ensure_smollm2",
     "install_tool_template",
+    "is_cpu_build",
     "job_of",
     "listen_socket",
     "named_model_dir",

@@ -117,12 +117,12 @@ def measured_k_table(
     )
 
 
-# Measured (docs/speculation.md, "On real engines"): SmolLM2 workers on auto ran 12-17%
-# behind the same runs without speculation; the tiny model's profile, the build's only
-# one, put K 1 where a real model's verification steps cost more than their drafts gave.
+# Measured (docs/speculation.md, "Heddle against verl and slime"): SmolLM2 workers on
+# auto ran 12-17% behind the same runs without speculation; the tiny model's profile, the
+# build's only one, put K 1 where a real model's verification cost more than drafts gave.
 CPU_BUILD_OFF = (
-    "speculation auto: off — on vLLM's CPU build a worker configured to speculate measured "
-    "12-17% slower than one that is not (docs/speculation.md), and no profile of this "
+    "speculation auto: off — on vLLM's CPU build workers on auto measured 12-17% slower "
+    "than workers that do not speculate (docs/speculation.md), and no profile of this "
     "build says where a real model's drafts pay; give suffix or ngram to speculate anyway"
 )
 

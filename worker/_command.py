@@ -242,8 +242,8 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
         choices=SPECULATION_METHODS,
         default=d.speculation,
         help="vllm: speculative decoding: ngram, suffix (vLLM's suffix decoding), auto (suffix "
-        "where arctic-inference imports, else ngram; off on vLLM's CPU build); default off "
-        "(docs/speculation.md)",
+        "where arctic-inference imports, else ngram; without a table, off on vLLM's CPU "
+        "build); default off (docs/speculation.md)",
     )
     p.add_argument(
         "--num-speculative-tokens",

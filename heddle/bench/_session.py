@@ -45,6 +45,7 @@ from heddle.rollout import (
     TaskSet,
     TrajectoryRun,
     build_session,
+    local_speculation,
     perf_model_for,
     synthetic_tasks,
 )
@@ -243,6 +244,7 @@ def bench_engines(
     for policy in policies:
         parse_policy_cap(policy)  # a bad NAME@N fails before the workers start
     tasks = synthetic_tasks(workload.prompts, workload, seed)
+    speculation = local_speculation(options)  # as the workers run it: auto off on CPU
     pool = LocalPool(tps, options)
     runs: dict[str, list[dict[str, Any]]] = {p: [] for p in policies}
     cdfs: dict[str, list[float]] = {}
@@ -271,7 +273,7 @@ def bench_engines(
             max_total_tokens=workload.max_output_tokens,
             config=SessionConfig(replan_interval_s=1.0),
             perf=perf,
-            speculation=options.speculation,
+            speculation=speculation,
             trace=trace,
         )
         progress(f"warm-up: the workload once under {policies[0]}, unrecorded")
@@ -297,7 +299,7 @@ def bench_engines(
                     max_total_tokens=workload.max_output_tokens,
                     config=SessionConfig(replan_interval_s=1.0),
                     perf=perf,
-                    speculation=options.speculation,
+                    speculation=speculation,
                     trace=trace,
                 )
                 p = result.progress
@@ -364,6 +366,7 @@ def bench_engines(
             "method": options.speculation.method,
             "num_speculative_tokens": options.speculation.num_speculative_tokens,
             "by_batch_size": [list(e) for e in options.speculation.by_batch_size],
+            "workers_method": speculation.method,  # auto resolved where it is off
         },
         "max_num_seqs": options.max_num_seqs,
         "shape": tps,
